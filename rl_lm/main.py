@@ -1,0 +1,55 @@
+"""Entry point: `python -m rl_lm.main --config=configs/<x>.py[:variant] --workdir=DIR [--config.key=value ...]`.
+
+Parses the config (locked: unknown keys are errors), validates it before anything compiles, and
+runs `config.stages` in order. The work lives in rl_lm/train/.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A config file, optionally with :variant.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
+
+
+def _fail(message: str) -> None:
+  print(f"rl_lm: invalid configuration: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  from rl_lm.config import explain_flag_error
+
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 -- config_flags raises several types; all mean a bad command line
+    _fail(explain_flag_error(argv, e))
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from rl_lm import config as config_lib
+  from rl_lm.train import stages
+
+  config = _CONFIG.value
+  if config is None:
+    _fail("--config is required, e.g. --config=configs/default.py")
+  if not _WORKDIR.value:
+    _fail("--workdir is required")
+  try:
+    config_lib.validate(config)
+  except config_lib.ConfigError as e:
+    _fail(str(e))
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  logging.info("config:\n%s", config)
+  for name in config.stages:
+    print(f"rl_lm: stage {name}", flush=True)
+    stages.STAGES[name](config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,275 @@
+"""Decoder-only transformer of the Llama / Qwen2 family, as pure functions over a parameter dict.
+
+RMSNorm, rotary position embeddings (half-rotation convention of the Hugging Face checkpoints,
+optional Llama-3 frequency scaling), SwiGLU MLP, grouped-query attention, optional q/k/v biases
+(Qwen2), tied or untied embeddings, float32 or bfloat16 compute with float32 softmax and logits.
+
+Layers are stacked on a leading axis and run with `lax.scan`, so compile time does not grow
+with depth. Every weight has logical axes (`param_axes`); activations are named through
+`mesh.constrain`.
+
+Padding: `mask[b, t]` marks real tokens. A token's position is the number of real tokens before
+it, so left- and right-padded rows give the same numbers for their real tokens. Keys that are
+padding are never attended to. Outputs at padding positions are defined but meaningless.
+
+Shapes: B batch, T query length, S key length, D d_model, H heads, K kv heads, G = H // K,
+Dh head dim, F mlp dim, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_lm.mesh import constrain
+from rl_lm.models.presets import ModelConfig
+
+Params = dict[str, Any]
+_NEG_INF = -1e30
+
+
+class KVCache(NamedTuple):
+  """Preallocated keys and values of every layer. k, v: [L, B, S, K, Dh]."""
+
+  k: jax.Array
+  v: jax.Array
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+  """Logical axis names of every parameter, in the same tree as `init`."""
+  layers = {
+    "attn_norm": ("layers", "embed"),
+    "wq": ("layers", "embed", "heads", "head_dim"),
+    "wk": ("layers", "embed", "kv_heads", "head_dim"),
+    "wv": ("layers", "embed", "kv_heads", "head_dim"),
+    "wo": ("layers", "heads", "head_dim", "embed"),
+    "mlp_norm": ("layers", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+  }
+  if cfg.qkv_bias:
+    layers.update(
+      bq=("layers", "heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"), bv=("layers", "kv_heads", "head_dim")
+    )
+  axes: Params = {"embed": ("vocab", "embed"), "layers": layers, "final_norm": ("embed",)}
+  if not cfg.tie_embeddings:
+    axes["lm_head"] = ("embed", "vocab")
+  return axes
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+  """Shape of every parameter, in the same tree as `init`."""
+  L, D, H, K, Dh, F, V = (
+    cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
+  )
+  layers = {
+    "attn_norm": (L, D), "wq": (L, D, H, Dh), "wk": (L, D, K, Dh), "wv": (L, D, K, Dh), "wo": (L, H, Dh, D),
+    "mlp_norm": (L, D), "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
+  }
+  if cfg.qkv_bias:
+    layers.update(bq=(L, H, Dh), bk=(L, K, Dh), bv=(L, K, Dh))
+  shapes: Params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+  if not cfg.tie_embeddings:
+    shapes["lm_head"] = (D, V)
+  return shapes
+
+
+def init(cfg: ModelConfig, rng: jax.Array, std: float = 0.02) -> Params:
+  """Random parameters: normal(std) weights, unit norms, zero biases."""
+  shapes = param_shapes(cfg)
+  flat, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+    shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
+  keys = jax.random.split(rng, len(flat))
+  leaves = []
+  for path, shape, key in zip(paths, flat, keys, strict=True):
+    if "norm" in path:
+      leaves.append(jnp.ones(shape, cfg.weight_dtype))
+    elif "'b" in path:  # bq, bk, bv
+      leaves.append(jnp.zeros(shape, cfg.weight_dtype))
+    else:
+      leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(cfg.weight_dtype))
+  return jax.tree.unflatten(treedef, leaves)
+
+
+# ------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in float32, returned in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [Dh // 2], with Llama-3 scaling when configured."""
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float32) / cfg.head_dim))
+  inv = inv.astype(np.float32)
+  if cfg.rope_scaling is not None:
+    factor, low, high, original = cfg.rope_scaling
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv = np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv
+
+
+def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos, sin tables [B, T, Dh] for integer positions [B, T]."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_frequencies(cfg))  # [B, T, Dh/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, N, Dh] rotated by the half-split convention."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Position of each token = number of real tokens before it. [B, T] bool -> [B, T] int32."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+  """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], allowed [B,T,S] bool -> [B,T,H,Dh]."""
+  B, T, H, Dh = q.shape
+  K = cfg.n_kv_heads
+  q = q.reshape(B, T, K, H // K, Dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / np.sqrt(Dh).astype(np.float32)
+  scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, K, G, T, S]
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(B, T, H, Dh)
+
+
+def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, allowed: jax.Array,
+           cache: tuple[jax.Array, jax.Array] | None, index: jax.Array | None):
+  """One pre-norm block. x [B,T,D]; cache (k, v) [B,S,K,Dh] written at `index` when given."""
+  dt = cfg.compute_dtype
+  h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+  q = jnp.einsum("btd,dhk->bthk", h, lp["wq"].astype(dt))
+  k = jnp.einsum("btd,dhk->bthk", h, lp["wk"].astype(dt))
+  v = jnp.einsum("btd,dhk->bthk", h, lp["wv"].astype(dt))
+  if cfg.qkv_bias:
+    q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
+  q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
+  k = constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
+  v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
+  if cache is not None:
+    k_cache = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, index, 0, 0))
+    v_cache = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
+    k_cache = constrain(k_cache, ("batch", "cache_length", "kv_heads", "head_dim"))
+    v_cache = constrain(v_cache, ("batch", "cache_length", "kv_heads", "head_dim"))
+    attn = _attention(cfg, q, k_cache.astype(dt), v_cache.astype(dt), allowed)
+    new_cache = (k_cache, v_cache)
+  else:
+    attn = _attention(cfg, q, k, v, allowed)
+    new_cache = None
+  x = x + jnp.einsum("bthk,hkd->btd", attn, lp["wo"].astype(dt))
+  x = constrain(x, ("batch", "length", "embed"))
+  h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+  gate = jnp.einsum("btd,df->btf", h, lp["w_gate"].astype(dt))
+  up = jnp.einsum("btd,df->btf", h, lp["w_up"].astype(dt))
+  hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+  x = x + jnp.einsum("btf,fd->btd", hidden, lp["w_down"].astype(dt))
+  return constrain(x, ("batch", "length", "embed")), new_cache
+
+
+def _embed(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+  return constrain(x, ("batch", "length", "embed"))
+
+
+def logits_from_hidden(cfg: ModelConfig, params: Params, h: jax.Array) -> jax.Array:
+  """Final-normed hidden states [B, T, D] -> float32 logits [B, T, V]."""
+  dt = cfg.compute_dtype
+  if cfg.tie_embeddings:
+    logits = jnp.einsum("btd,vd->btv", h, params["embed"].astype(dt), preferred_element_type=jnp.float32)
+  else:
+    logits = jnp.einsum("btd,dv->btv", h, params["lm_head"].astype(dt), preferred_element_type=jnp.float32)
+  return constrain(logits, ("batch", "length", "vocab"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Full forward
+
+
+def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  """Final-normed hidden states. tokens [B, T] int32, mask [B, T] bool -> [B, T, D] compute dtype."""
+  T = tokens.shape[1]
+  mask = mask.astype(bool)
+  cos, sin = rope_tables(cfg, positions_from_mask(mask))
+  causal = jnp.tril(jnp.ones((T, T), bool))
+  allowed = causal[None] & mask[:, None, :]  # [B, T, S=T]
+
+  def body(x, lp):
+    return _layer(cfg, lp, x, cos, sin, allowed, None, None)[0], None
+
+  if cfg.remat:
+    body = jax.checkpoint(body)
+  x, _ = jax.lax.scan(body, _embed(cfg, params, tokens), params["layers"])
+  return rms_norm(x, params["final_norm"], cfg.rms_eps)
+
+
+def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  """Next-token logits. tokens [B, T] int32, mask [B, T] bool -> [B, T, V] float32."""
+  return logits_from_hidden(cfg, params, hidden_states(cfg, params, tokens, mask))
+
+
+# ------------------------------------------------------------------------------------------------
+# KV-cache path
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> KVCache:
+  """Zeroed cache for `batch` rows of up to `length` tokens (prompt plus completion)."""
+  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
+  dtype = cfg.compute_dtype if dtype is None else dtype
+  return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def cache_axes() -> KVCache:
+  axes = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+  return KVCache(axes, axes)
+
+
+def forward_cached(
+  cfg: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
+  index: jax.Array, kv_mask: jax.Array,
+) -> tuple[jax.Array, KVCache]:
+  """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache).
+
+  positions [B, T] int32: rotary positions of the new tokens. kv_mask [B, S] bool: which cache
+  slots hold real tokens, the new ones included. Slot s is visible to new token t when
+  kv_mask[b, s] and s <= index + t. Prefill is this call with index 0; decoding is T = 1.
+  """
+  T, S = tokens.shape[1], cache.k.shape[2]
+  cos, sin = rope_tables(cfg, positions)
+  slots = jnp.arange(S)[None, :]
+  causal = slots <= (index + jnp.arange(T))[:, None]  # [T, S]
+  allowed = causal[None] & kv_mask.astype(bool)[:, None, :]  # [B, T, S]
+
+  def body(x, layer):
+    lp, k_l, v_l = layer
+    x, (k_l, v_l) = _layer(cfg, lp, x, cos, sin, allowed, (k_l, v_l), index)
+    return x, (k_l, v_l)
+
+  x, (k, v) = jax.lax.scan(body, _embed(cfg, params, tokens), (params["layers"], cache.k, cache.v))
+  h = rms_norm(x, params["final_norm"], cfg.rms_eps)
+  return logits_from_hidden(cfg, params, h), KVCache(k, v)

@@ -1,0 +1,266 @@
+"""In-JAX sampling with a preallocated KV cache: one jit, prefill plus a `lax.while_loop` decode.
+
+Layout. Prompts come in right-padded (`prompts[b, :prompt_lengths[b]]` are real). Inside, each
+prompt is moved to the right edge of its P slots, so every row's completion starts at slot P and
+one cache index serves the whole batch. The returned `Rollout.tokens` [B, P + N] keeps that
+layout: row b's prompt sits in slots [P - len_b, P), its completion in [P, P + lengths[b]).
+`prompt_mask | completion_mask` is the attention mask to score the rollout with
+`transformer.forward`, which gives the same positions as the sampler used.
+
+Log-probs. `Rollout.logprobs[b, t]` is log softmax(logits / temperature)[token] of the full,
+untruncated vocabulary (top-k and top-p change which tokens can be drawn, not the reported
+distribution), i.e. exactly what a trainer computes from `forward` logits divided by the same
+temperature, so the two can be compared like with like. Greedy decoding reports temperature-1
+log-probs. Entries outside the completion are 0.
+
+Stopping. A row stops after emitting one of its stop tokens (kept, counted in `lengths`,
+`finished` True) or after its `max_new_tokens` (`finished` False: truncated). The loop ends
+when every row has stopped or N tokens were drawn. Slots after a row's end hold `pad_id`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rl_lm import mesh as mesh_lib
+from rl_lm.models import transformer
+from rl_lm.models.presets import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to draw completions. `max_new_tokens` is N, the completion buffer's width."""
+
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0  # 0: off
+  top_p: float = 1.0  # 1.0: off
+  greedy: bool = False
+  stop_tokens: tuple[int, ...] = ()  # default stop set for every row
+  pad_id: int = 0
+  cache_dtype: str | None = None  # None: the model's compute dtype
+
+  def __post_init__(self):
+    if self.max_new_tokens <= 0:
+      raise ValueError(f"SamplingConfig.max_new_tokens must be positive, got {self.max_new_tokens}")
+    if not self.greedy and self.temperature <= 0:
+      raise ValueError(f"SamplingConfig.temperature must be positive (or greedy=True), got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+
+
+class Rollout(NamedTuple):
+  """Sampled completions in the layout described in the module docstring."""
+
+  tokens: jax.Array  # [B, P + N] int32
+  prompt_mask: jax.Array  # [B, P + N] bool
+  completion_mask: jax.Array  # [B, P + N] bool
+  logprobs: jax.Array  # [B, P + N] float32, sampler log-probs of completion tokens, 0 elsewhere
+  lengths: jax.Array  # [B] int32, completion tokens per row (stop token included)
+  finished: jax.Array  # [B] bool, stopped on a stop token rather than truncated
+
+
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf. [B, V] -> [B, V]."""
+  neg = jnp.asarray(-jnp.inf, logits.dtype)
+  if top_k and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, neg, logits)
+  if top_p < 1.0:
+    probs = jax.nn.softmax(logits, axis=-1)
+    sorted_probs = -jnp.sort(-probs, axis=-1)
+    before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass strictly before each sorted token
+    kept = jnp.where(before < top_p, sorted_probs, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    logits = jnp.where(probs < threshold, neg, logits)
+  return logits
+
+
+def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32).
+
+  The log-prob is of the temperature-scaled, untruncated distribution (see module docstring).
+  Sampling is by inverse CDF with one uniform per row, which is exact and cheaper than Gumbel noise
+  over the whole vocabulary.
+  """
+  if cfg.greedy:
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / cfg.temperature
+    logp_all = jax.nn.log_softmax(scaled, axis=-1)
+    filtered = filter_logits(scaled, cfg.top_k, cfg.top_p)
+    probs = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
+    cdf = jnp.cumsum(probs, axis=-1)
+    u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
+    tokens = jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
+    # Rounding can push u onto the total mass; never step past the last drawable token.
+    V = logits.shape[-1]
+    last = V - 1 - jnp.argmax(probs[:, ::-1] > 0, axis=-1).astype(jnp.int32)
+    tokens = jnp.minimum(tokens, last)
+  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+  return tokens, logp
+
+
+def _right_align(prompts: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Right-padded prompts [B, P] -> the same prompts pushed to the right edge, and their mask."""
+  P = prompts.shape[1]
+  src = jnp.arange(P)[None, :] - (P - lengths)[:, None]  # [B, P]
+  valid = src >= 0
+  aligned = jnp.take_along_axis(prompts, jnp.maximum(src, 0), axis=1)
+  return jnp.where(valid, aligned, 0), valid
+
+
+def _generate(
+  model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
+  rng: jax.Array, stop_tokens: jax.Array, max_new_tokens: jax.Array,
+) -> Rollout:
+  B, P = prompts.shape
+  N = cfg.max_new_tokens
+  S = P + N
+  prompt_lengths = prompt_lengths.astype(jnp.int32)
+  prompts, prompt_mask = _right_align(prompts.astype(jnp.int32), prompt_lengths)
+  prompts = mesh_lib.constrain(prompts, ("batch", "length"))
+  cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
+  cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
+  cache = transformer.KVCache(*(mesh_lib.constrain(c, transformer.cache_axes()[0]) for c in cache))
+  slots = jnp.arange(S)[None, :]
+  base_kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((B, N), bool)], axis=1)  # [B, S]
+
+  def is_stop(tok):  # [B] -> [B]
+    return jnp.any(tok[:, None] == stop_tokens, axis=-1)
+
+  # PREFILL: the whole prompt at slots [0, P), first token drawn from the last slot's logits.
+  logits, cache = transformer.forward_cached(
+    model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask
+  )
+  tok, logp = sample_token(logits[:, -1], jax.random.fold_in(rng, 0), cfg)
+  out_tokens = jnp.full((B, N), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
+  out_logp = jnp.zeros((B, N), jnp.float32).at[:, 0].set(logp)
+  out_valid = jnp.zeros((B, N), bool).at[:, 0].set(True)
+  stopped = is_stop(tok)
+  done = stopped | (max_new_tokens <= 1)
+
+  # DECODE: feed token i-1 at slot P+i-1, draw token i, until every row is done or N tokens are drawn.
+  def cond(carry):
+    i, _, _, done, *_ = carry
+    return (i < N) & ~jnp.all(done)
+
+  def body(carry):
+    i, cache, prev, done, stopped, out_tokens, out_logp, out_valid = carry
+    kv_mask = base_kv_mask | ((slots >= P) & (slots < P + i))
+    positions = (prompt_lengths + i - 1)[:, None]
+    logits, cache = transformer.forward_cached(model_cfg, params, prev[:, None], positions, cache, P + i - 1, kv_mask)
+    tok, logp = sample_token(logits[:, 0], jax.random.fold_in(rng, i), cfg)
+    live = ~done
+    tok = jnp.where(live, tok, cfg.pad_id)
+    out_tokens = jax.lax.dynamic_update_slice(out_tokens, tok[:, None], (0, i))
+    out_logp = jax.lax.dynamic_update_slice(out_logp, jnp.where(live, logp, 0.0)[:, None], (0, i))
+    out_valid = jax.lax.dynamic_update_slice(out_valid, live[:, None], (0, i))
+    hit = live & is_stop(tok)
+    stopped = stopped | hit
+    done = done | hit | (i + 1 >= max_new_tokens)
+    return i + 1, cache, tok, done, stopped, out_tokens, out_logp, out_valid
+
+  carry = (jnp.int32(1), cache, tok, done, stopped, out_tokens, out_logp, out_valid)
+  _, _, _, _, stopped, out_tokens, out_logp, out_valid = jax.lax.while_loop(cond, body, carry)
+
+  zeros = jnp.zeros((B, P), bool)
+  return Rollout(
+    tokens=jnp.concatenate([prompts, out_tokens], axis=1),
+    prompt_mask=jnp.concatenate([prompt_mask, jnp.zeros((B, N), bool)], axis=1),
+    completion_mask=jnp.concatenate([zeros, out_valid], axis=1),
+    logprobs=jnp.concatenate([jnp.zeros((B, P), jnp.float32), out_logp], axis=1),
+    lengths=jnp.sum(out_valid, axis=1).astype(jnp.int32),
+    finished=stopped,
+  )
+
+
+def _stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_tokens: Any):
+  if stop_tokens is None:
+    stop = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
+    stop_tokens = jnp.broadcast_to(stop[None, :], (batch, stop.shape[0]))
+  stop_tokens = jnp.asarray(stop_tokens, jnp.int32)
+  if stop_tokens.ndim == 1:
+    stop_tokens = jnp.broadcast_to(stop_tokens[None, :], (batch, stop_tokens.shape[0]))
+  if max_new_tokens is None:
+    max_new_tokens = cfg.max_new_tokens
+  max_new_tokens = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (batch,))
+  return stop_tokens, max_new_tokens
+
+
+def make_generate_fn(
+  model_cfg: ModelConfig, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None,
+  rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES,
+) -> Callable[..., Rollout]:
+  """A jitted `fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> Rollout`.
+
+  stop_tokens: [B, K] or [K] int32 (-1 pads rows with fewer), default `cfg.stop_tokens`.
+  max_new_tokens: [B] or scalar, at most `cfg.max_new_tokens`, default that.
+  With a mesh, activations (and the KV cache) are placed by the logical-axis rules.
+  """
+  jitted = jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg), mesh, rules))
+
+  def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> Rollout:
+    stop_tokens, max_new_tokens = _stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
+    return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
+
+  return fn
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_generate_fn(model_cfg: ModelConfig, cfg: SamplingConfig) -> Callable[..., Rollout]:
+  return make_generate_fn(model_cfg, cfg)
+
+
+def generate(
+  model_cfg: ModelConfig, params: Any, prompts: jax.Array, prompt_lengths: jax.Array, rng: jax.Array,
+  cfg: SamplingConfig, stop_tokens: Any = None, max_new_tokens: Any = None,
+) -> Rollout:
+  """Samples completions for right-padded `prompts` [B, P] (one jit per (model, sampling) config).
+
+  Every prompt must hold at least one real token. See the module docstring for the layout.
+  """
+  return _cached_generate_fn(model_cfg, cfg)(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
+
+
+def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, temperature: float = 1.0) -> jax.Array:
+  """The trainer's log-probs of a rollout's completion tokens under `params`. -> [B, P + N], 0 off-completion.
+
+  Scores the whole sequence with `transformer.forward` and the same temperature as the sampler.
+  """
+  mask = rollout.prompt_mask | rollout.completion_mask
+  logits = transformer.forward(model_cfg, params, rollout.tokens, mask)[:, :-1] / temperature  # predicts t+1
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  taken = jnp.take_along_axis(logp, rollout.tokens[:, 1:, None], axis=-1)[..., 0]
+  taken = jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken], axis=1)
+  return jnp.where(rollout.completion_mask, taken, 0.0)
+
+
+def config_from(sampling: Any, eos_id: int, pad_id: int) -> SamplingConfig:
+  """`config.sampling` -> SamplingConfig, stopping on the tokenizer's eos."""
+  return SamplingConfig(
+    max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+    top_p=sampling.top_p, greedy=sampling.greedy, stop_tokens=(eos_id,), pad_id=pad_id,
+    cache_dtype=sampling.cache_dtype or None,
+  )
+
+
+def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 1) -> tuple[jax.Array, jax.Array]:
+  """Token lists -> right-padded [B, P] int32 and lengths [B]; P rounded up to `multiple` (fewer recompiles)."""
+  import numpy as np
+
+  P = max(len(p) for p in prompts)
+  P = -(-P // multiple) * multiple
+  out = np.full((len(prompts), P), pad_id, np.int32)
+  for i, p in enumerate(prompts):
+    out[i, : len(p)] = p
+  return jnp.asarray(out), jnp.asarray([len(p) for p in prompts], jnp.int32)
