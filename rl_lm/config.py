@@ -16,7 +16,9 @@ import ml_collections
 
 from rl_lm.models import presets
 
-STAGES = ("sample",)  # grows with the trainers: sft, reward_model, dpo, rl
+STAGES = ("sample", "sft", "rl")  # grows with the trainers: reward_model, dpo
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
+LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -60,6 +62,92 @@ def base_config() -> ml_collections.ConfigDict:
   c.sample.prompts = ("12+7=", "3*(4+5)=", "Once upon a time")
   c.sample.batch_size = 8  # rows per generate call; prompts are cycled to fill it
   c.sample.num_batches = 2  # generate calls (the first one compiles)
+
+  c.task = ml_collections.ConfigDict()  # where prompts come from (rl_lm.tasks)
+  c.task.name = "arithmetic"  # arithmetic | gsm8k | humaneval
+  c.task.levels = (1, 2, 3)  # arithmetic difficulty levels in play
+  c.task.worked = False  # arithmetic: SFT targets show one operation per line before the answer
+  c.task.data_dir = ""  # gsm8k / humaneval: folder of the JSONL files ("" = ../shared/data/<task>)
+  c.task.template = "plain"  # gsm8k prompt template: plain | chat | chat_cot | a string with {question}
+  c.task.pool_size = 4000  # training prompts the curriculum draws from (procedural tasks)
+  c.task.eval_size = 200  # held-out problems per evaluation
+
+  c.reward = ml_collections.ConfigDict()
+  c.reward.weights = ml_collections.ConfigDict({"correctness": 1.0})  # {reward name: weight}
+  c.reward.success_threshold = 1.0  # an episode with score >= this counts as solved (pass rate, curriculum)
+
+  c.sft = ml_collections.ConfigDict()  # the "sft" stage: next-token loss on reference completions
+  c.sft.steps = 300
+  c.sft.batch_size = 64
+  c.sft.max_len = 48  # bos + prompt + target + eos, right-padded
+  c.sft.learning_rate = 3e-3
+  c.sft.warmup_steps = 30
+  c.sft.weight_decay = 0.0
+  c.sft.log_every = 50
+
+  c.rl = ml_collections.ConfigDict()  # the "rl" stage: one loop for PPO and the GRPO family
+  c.rl.algorithm = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ppo
+  c.rl.steps = 100
+  c.rl.prompts_per_step = 32
+  c.rl.group_size = 8  # samples per prompt (G); rows per step = prompts_per_step * group_size
+  c.rl.max_prompt_len = 16  # prompt slots of the sampler (bos included)
+  c.rl.epochs = 1  # passes over each step's batch
+  c.rl.minibatches = 1  # optimizer steps per epoch
+  c.rl.grad_accum = 1  # micro-batches per optimizer step
+  c.rl.learning_rate = 1e-3
+  c.rl.warmup_steps = 0
+  c.rl.weight_decay = 0.0
+  c.rl.grad_clip = 1.0
+  c.rl.clip_low = 0.2  # ratio clip below 1 - clip_low
+  c.rl.clip_high = 0.2  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
+  c.rl.dual_clip = 0.0  # dual-clip constant for negative advantages (> 1), 0: off
+  c.rl.loss_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  c.rl.norm_constant = 0  # seq-mean-token-sum-norm divisor; 0: sampling.max_new_tokens
+  c.rl.scale_by_std = True  # grpo: divide by the group std (False is Dr. GRPO)
+  c.rl.entropy_coef = 0.0
+  c.rl.tis_cap = 2.0  # truncated importance sampling cap C on exp(trainer_old - sampler); 0: off
+  c.rl.sampler_dtype = ""  # sampler compute dtype ("" = model.dtype); bfloat16 to sample cheaper than training
+  c.rl.dynamic_sampling = False  # drop zero-variance groups and refill the batch (DAPO)
+  c.rl.max_extra_rollouts = 2  # extra sampling rounds dynamic sampling may spend per step
+  c.rl.overlong = "none"  # truncated completions: none | mask (out of the gradient) | penalty (DAPO soft)
+  c.rl.overlong_buffer = 4  # penalty ramps over the last this-many tokens of the budget
+  c.rl.overlong_penalty = 1.0  # penalty at the budget
+  c.rl.kl = ml_collections.ConfigDict()
+  c.rl.kl.placement = "loss"  # loss (GRPO) | reward (InstructGPT, PPO) | none
+  c.rl.kl.estimator = "k3"  # k1 | k2 | k3
+  c.rl.kl.coef = 0.01
+  c.rl.kl.adaptive = False  # Ziegler et al. (2019) proportional controller towards target
+  c.rl.kl.target = 0.05
+  c.rl.kl.horizon = 10000
+  c.rl.value = ml_collections.ConfigDict()  # ppo only
+  c.rl.value.learning_rate = 1e-3
+  c.rl.value.coef = 0.5
+  c.rl.value.clip = 0.2
+  c.rl.value.gamma = 1.0
+  c.rl.value.lam = 0.95
+  c.rl.value.whiten_advantages = True
+  c.rl.curriculum = ml_collections.ConfigDict()
+  c.rl.curriculum.enabled = True
+  c.rl.curriculum.decay = 0.9
+  c.rl.curriculum.floor = 0.02
+  c.rl.curriculum.retire_above = 0.95
+  c.rl.curriculum.min_attempts = 16
+  c.rl.curriculum.initial_levels = 3
+  c.rl.curriculum.promote_above = 0.6
+  c.rl.curriculum.promote_min_seen = 0.5
+  c.rl.alarms = ml_collections.ConfigDict()  # thresholds of the run-health alarms in the log
+  c.rl.alarms.entropy_min = 0.02
+  c.rl.alarms.kl_max = 1.0
+  c.rl.alarms.logprob_gap_max = 0.1
+  c.rl.alarms.zero_variance_max = 0.8
+  c.rl.log_every = 1
+
+  c.eval = ml_collections.ConfigDict()  # held-out evaluation: before RL, every `every` steps, after
+  c.eval.every = 0  # 0: only before and after
+  c.eval.num_samples = 16  # n samples per problem for pass@k, k = 1, 2, 4, ... n
+  c.eval.temperature = 1.0
+  c.eval.greedy = True  # also greedy accuracy
+  c.eval.rows = 512  # sampler batch rows for evaluation
   return c
 
 
@@ -165,12 +253,128 @@ def _check_top(config: Any, num_devices: int) -> None:
     _require(st in STAGES, f"config.stages[{i}]", f"unknown stage {st!r}; known: {', '.join(STAGES)}")
   _require(config.tokenizer in ("char", "hf"), "config.tokenizer", f"must be 'char' or 'hf', got {config.tokenizer!r}")
   if config.tokenizer == "hf":
-    _require(bool(config.model.hf_checkpoint), "config.tokenizer", "'hf' needs config.model.hf_checkpoint")
+    _require(bool(config.model.hf_checkpoint), "config.model.hf_checkpoint",
+             "required by config.tokenizer='hf' (the tokenizer is read from the checkpoint)")
+
+
+def _model_max_len(config: Any) -> int | None:
+  if config.model.hf_checkpoint or config.model.preset not in presets.PRESETS:
+    return None
+  return presets.get(config.model.preset).max_seq_len
+
+
+def _check_task(config: Any, num_devices: int) -> None:
+  from rl_lm.tasks import TASKS
+  from rl_lm.tasks.arithmetic import LEVELS
+
+  t = config.task
+  _require(t.name in TASKS, "config.task.name", f"unknown task {t.name!r}; known: {', '.join(sorted(TASKS))}")
+  if t.name == "arithmetic":
+    bad = [lv for lv in t.levels if lv not in LEVELS]
+    _require(bool(t.levels) and not bad, "config.task.levels",
+             f"unknown arithmetic levels {bad or list(t.levels)}; known: {sorted(LEVELS)}")
+  from rl_lm.tasks.gsm8k import TEMPLATES
+
+  _require(t.template in TEMPLATES or "{question}" in t.template, "config.task.template",
+           f"must be one of {sorted(TEMPLATES)} or a string containing '{{question}}', got {t.template!r}")
+  if t.data_dir:
+    _require(os.path.isdir(t.data_dir), "config.task.data_dir", f"no such directory {t.data_dir!r}")
+  _positive_int(config, "task.pool_size")
+  _positive_int(config, "task.eval_size")
+
+
+def _check_reward(config: Any, num_devices: int) -> None:
+  from rl_lm.rewards import known_rewards
+
+  known = known_rewards()
+  _require(len(config.reward.weights) > 0, "config.reward.weights", "must name at least one reward")
+  for name, weight in config.reward.weights.items():
+    _require(name in known, f"config.reward.weights.{name}", f"unknown reward {name!r}; known: {', '.join(known)}")
+    _require(isinstance(weight, (int, float)), f"config.reward.weights.{name}",
+             f"weight must be a number, got {weight!r}")
+
+
+def _check_sft(config: Any, num_devices: int) -> None:
+  s = config.sft
+  for key in ("steps", "batch_size", "max_len", "log_every"):
+    _positive_int(config, f"sft.{key}")
+  _require(s.learning_rate > 0, "config.sft.learning_rate", f"must be > 0, got {s.learning_rate}")
+  _require(s.warmup_steps >= 0, "config.sft.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+  dp = data_parallelism(config, num_devices)
+  _require(s.batch_size % dp == 0, "config.sft.batch_size", f"{s.batch_size} is not divisible by the {dp}-way "
+           "data-parallel mesh axes")
+  max_len = _model_max_len(config)
+  if max_len:
+    _require(s.max_len <= max_len, "config.sft.max_len", f"{s.max_len} exceeds the model's max_seq_len {max_len}")
+
+
+def _check_rl(config: Any, num_devices: int) -> None:
+  r = config.rl
+  _require(r.algorithm in ALGORITHMS, "config.rl.algorithm", f"unknown algorithm {r.algorithm!r}; known: "
+           f"{', '.join(ALGORITHMS)}")
+  for key in ("steps", "prompts_per_step", "group_size", "max_prompt_len", "epochs", "minibatches", "grad_accum",
+              "log_every"):
+    _positive_int(config, f"rl.{key}")
+  if r.algorithm in ("grpo", "dr_grpo", "rloo"):
+    _require(r.group_size >= 2, "config.rl.group_size", f"{r.algorithm} compares samples within a group: needs >= 2, "
+             f"got {r.group_size}")
+  rows = r.prompts_per_step * r.group_size
+  dp = data_parallelism(config, num_devices)
+  _require(rows % dp == 0, "config.rl.prompts_per_step",
+           f"rows per step = prompts_per_step * group_size = {rows} is not divisible by the {dp}-way data axes")
+  per_update = r.minibatches * r.grad_accum
+  _require(rows % per_update == 0, "config.rl.minibatches",
+           f"rows per step ({rows}) must split into minibatches * grad_accum = {per_update} equal parts")
+  _require((rows // per_update) % dp == 0, "config.rl.grad_accum",
+           f"a micro-batch of {rows // per_update} rows is not divisible by the {dp}-way data axes")
+  for key in ("learning_rate",):
+    _require(r[key] > 0, f"config.rl.{key}", f"must be > 0, got {r[key]}")
+  _require(r.warmup_steps >= 0, "config.rl.warmup_steps", f"must be >= 0, got {r.warmup_steps}")
+  _require(0 < r.clip_low < 1, "config.rl.clip_low", f"must be in (0, 1), got {r.clip_low}")
+  _require(r.clip_high > 0, "config.rl.clip_high", f"must be > 0, got {r.clip_high}")
+  _require(r.dual_clip == 0 or r.dual_clip > 1, "config.rl.dual_clip", f"must be 0 (off) or > 1, got {r.dual_clip}")
+  _require(r.loss_mode in LOSS_MODES, "config.rl.loss_mode", f"unknown mode {r.loss_mode!r}; known: {LOSS_MODES}")
+  _require(r.norm_constant >= 0, "config.rl.norm_constant", f"must be >= 0, got {r.norm_constant}")
+  _require(r.tis_cap == 0 or r.tis_cap >= 1, "config.rl.tis_cap", f"must be 0 (off) or >= 1, got {r.tis_cap}")
+  _require(r.sampler_dtype in ("",) + DTYPES, "config.rl.sampler_dtype", f"must be '' or one of {DTYPES}")
+  _require(r.overlong in ("none", "mask", "penalty"), "config.rl.overlong", f"must be none, mask or penalty, got "
+           f"{r.overlong!r}")
+  _require(r.max_extra_rollouts >= 0, "config.rl.max_extra_rollouts", "must be >= 0")
+  _require(r.kl.placement in ("loss", "reward", "none"), "config.rl.kl.placement",
+           f"must be loss, reward or none, got {r.kl.placement!r}")
+  _require(r.kl.estimator in ("k1", "k2", "k3"), "config.rl.kl.estimator", f"must be k1, k2 or k3, got "
+           f"{r.kl.estimator!r}")
+  _require(r.kl.coef >= 0, "config.rl.kl.coef", f"must be >= 0, got {r.kl.coef}")
+  _require(r.kl.target > 0, "config.rl.kl.target", f"must be > 0, got {r.kl.target}")
+  _require(r.kl.horizon > 0, "config.rl.kl.horizon", f"must be > 0, got {r.kl.horizon}")
+  if r.algorithm == "ppo":
+    _require(r.value.learning_rate > 0, "config.rl.value.learning_rate", f"must be > 0, got {r.value.learning_rate}")
+  for key in ("gamma", "lam"):
+    _require(0 <= r.value[key] <= 1, f"config.rl.value.{key}", f"must be in [0, 1], got {r.value[key]}")
+  cur = r.curriculum
+  _require(0 < cur.decay <= 1, "config.rl.curriculum.decay", f"must be in (0, 1], got {cur.decay}")
+  _require(cur.initial_levels >= 1, "config.rl.curriculum.initial_levels", "must be >= 1")
+  max_len = _model_max_len(config)
+  if max_len:
+    total = r.max_prompt_len + config.sampling.max_new_tokens
+    _require(total <= max_len, "config.rl.max_prompt_len",
+             f"max_prompt_len ({r.max_prompt_len}) + sampling.max_new_tokens ({config.sampling.max_new_tokens}) = "
+             f"{total} exceeds the model's max_seq_len {max_len}")
+  e = config.eval
+  _positive_int(config, "eval.num_samples")
+  _positive_int(config, "eval.rows")
+  _require(e.every >= 0, "config.eval.every", f"must be >= 0, got {e.every}")
+  _require(e.temperature > 0, "config.eval.temperature", f"must be > 0, got {e.temperature}")
+  _require(e.rows % dp == 0, "config.eval.rows", f"{e.rows} is not divisible by the {dp}-way data axes")
 
 
 # Section checks in order; the stage checks run only for stages the run includes.
 CHECKS: list[Callable[[Any, int], None]] = [_check_top, _check_model, _check_mesh, _check_sampling]
-STAGE_CHECKS: dict[str, Callable[[Any, int], None]] = {"sample": _check_sample_stage}
+STAGE_CHECKS: dict[str, list[Callable[[Any, int], None]]] = {
+  "sample": [_check_sample_stage],
+  "sft": [_check_task, _check_sft],
+  "rl": [_check_task, _check_reward, _check_rl],
+}
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
@@ -181,8 +385,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     num_devices = jax.device_count()
   for check in CHECKS:
     check(config, num_devices)
-  for stage in dict.fromkeys(config.stages):
-    STAGE_CHECKS[stage](config, num_devices)
+  done = set()
+  for stage in config.stages:
+    for check in STAGE_CHECKS[stage]:
+      if check not in done:
+        check(config, num_devices)
+        done.add(check)
 
 
 # ------------------------------------------------------------------------------------------------

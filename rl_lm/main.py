@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file, optionally with :variant.", lock_config=True)
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> None:
   del argv
   from rl_lm import config as config_lib
   from rl_lm.train import stages
+  from rl_lm.train.context import make_context
 
   config = _CONFIG.value
   if config is None:
@@ -45,10 +46,13 @@ def main(argv: list[str]) -> None:
   except config_lib.ConfigError as e:
     _fail(str(e))
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  logging.info("config:\n%s", config)
+  from rl_lm import metrics
+
+  metrics.write_run_info(_WORKDIR.value, config)
+  ctx = make_context(config, _WORKDIR.value)
   for name in config.stages:
     print(f"rl_lm: stage {name}", flush=True)
-    stages.STAGES[name](config, _WORKDIR.value)
+    stages.STAGES[name](ctx)
 
 
 if __name__ == "__main__":

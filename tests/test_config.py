@@ -12,26 +12,40 @@ from rl_lm import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (overrides, text the one-line message must contain). The subprocess sees 8 fake devices (conftest).
+# (config, overrides, text the one-line message must contain). The subprocess sees 8 fake devices (conftest).
+SAMPLE, DEFAULT = "configs/sample.py:smoke", "configs/default.py:smoke"
 BAD = [
-  (["--config.model.nope=1"], "config.model.nope"),  # unknown key
-  (["--config.sampling.temperature=abc"], "config.sampling.temperature"),  # wrong type
-  (["--config.sample.batch_size=2.5"], "config.sample.batch_size"),  # wrong type
-  (["--config.model.preset=gpt-5"], "config.model.preset"),
-  (["--config.model.dtype=float16"], "config.model.dtype"),
-  (["--config.mesh.data=3"], "config.mesh"),  # 3 devices asked, 8 present
-  (["--config.mesh.fsdp=0"], "config.mesh.fsdp"),
-  (["--config.mesh.data=-1", "--config.mesh.fsdp=-1"], "config.mesh"),
-  (["--config.sample.batch_size=6"], "config.sample.batch_size"),  # not divisible by the 8-way data axis
-  (["--config.sampling.max_new_tokens=0"], "config.sampling.max_new_tokens"),  # non-positive length
-  (["--config.sampling.max_new_tokens=100000"], "config.sampling.max_new_tokens"),  # beyond max_seq_len
-  (["--config.sampling.top_p=1.5"], "config.sampling.top_p"),
-  (["--config.sampling.temperature=0.0"], "config.sampling.temperature"),
-  (["--config.stages=('sample','fly')"], "config.stages[1]"),
-  (["--config.seed=-1"], "config.seed"),
-  (["--config.model.hf_checkpoint=does/not/exist"], "config.model.hf_checkpoint"),
-  (["--config.tokenizer=hf"], "config.tokenizer"),
-  (["--config.mesh.rules=(('batch','pipeline'),)"], "config.mesh.rules[0]"),
+  (SAMPLE, ["--config.model.nope=1"], "config.model.nope"),  # unknown key
+  (SAMPLE, ["--config.sampling.temperature=abc"], "config.sampling.temperature"),  # wrong type
+  (SAMPLE, ["--config.sample.batch_size=2.5"], "config.sample.batch_size"),  # wrong type
+  (SAMPLE, ["--config.model.preset=gpt-5"], "config.model.preset"),
+  (SAMPLE, ["--config.model.dtype=float16"], "config.model.dtype"),
+  (SAMPLE, ["--config.mesh.data=3"], "config.mesh"),  # 3 devices asked, 8 present
+  (SAMPLE, ["--config.mesh.fsdp=0"], "config.mesh.fsdp"),
+  (SAMPLE, ["--config.mesh.data=-1", "--config.mesh.fsdp=-1"], "config.mesh"),
+  (SAMPLE, ["--config.sample.batch_size=6"], "config.sample.batch_size"),  # not divisible by the 8-way data axis
+  (SAMPLE, ["--config.sampling.max_new_tokens=0"], "config.sampling.max_new_tokens"),  # non-positive length
+  (SAMPLE, ["--config.sampling.max_new_tokens=100000"], "config.sampling.max_new_tokens"),  # beyond max_seq_len
+  (SAMPLE, ["--config.sampling.top_p=1.5"], "config.sampling.top_p"),
+  (SAMPLE, ["--config.sampling.temperature=0.0"], "config.sampling.temperature"),
+  (SAMPLE, ["--config.stages=('sample','fly')"], "config.stages[1]"),
+  (SAMPLE, ["--config.seed=-1"], "config.seed"),
+  (SAMPLE, ["--config.model.hf_checkpoint=does/not/exist"], "config.model.hf_checkpoint"),
+  (SAMPLE, ["--config.tokenizer=hf"], "config.tokenizer"),
+  (SAMPLE, ["--config.mesh.rules=(('batch','pipeline'),)"], "config.mesh.rules[0]"),
+  (DEFAULT, ["--config.rl.group_size=0"], "config.rl.group_size"),
+  (DEFAULT, ["--config.rl.group_size=1"], "config.rl.group_size"),  # grpo needs a group
+  (DEFAULT, ["--config.rl.learning_rate=-0.001"], "config.rl.learning_rate"),
+  (DEFAULT, ["--config.sft.learning_rate=-1.0"], "config.sft.learning_rate"),
+  (DEFAULT, ["--config.rl.algorithm=a3c"], "config.rl.algorithm"),
+  (DEFAULT, ["--config.rl.max_prompt_len=200"], "config.rl.max_prompt_len"),  # prompt + completion > max length
+  (DEFAULT, ["--config.rl.prompts_per_step=3"], "config.rl.prompts_per_step"),  # 12 rows on an 8-way data axis
+  (DEFAULT, ["--config.rl.loss_mode=sum"], "config.rl.loss_mode"),
+  (DEFAULT, ["--config.rl.kl.estimator=k4"], "config.rl.kl.estimator"),
+  (DEFAULT, ["--config.task.name=chess"], "config.task.name"),
+  (DEFAULT, ["--config.task.levels=(1,9)"], "config.task.levels"),
+  (DEFAULT, ["--config.task.data_dir=no/such/dir"], "config.task.data_dir"),
+  (DEFAULT, ["--config.reward.weights.helpfulness=1.0"], "config.reward.weights.helpfulness"),
 ]
 
 
@@ -45,13 +59,13 @@ def _main(*args: str) -> subprocess.CompletedProcess:
 def bad_runs(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("bad"))
   with ThreadPoolExecutor(2) as pool:
-    runs = list(pool.map(lambda o: _main("--config=configs/default.py:smoke", f"--workdir={workdir}", *o[0]), BAD))
+    runs = list(pool.map(lambda o: _main(f"--config={o[0]}", f"--workdir={workdir}", *o[1]), BAD))
   return dict(zip(range(len(BAD)), runs, strict=True))
 
 
-@pytest.mark.parametrize("i", range(len(BAD)), ids=[" ".join(o) for o, _ in BAD])
+@pytest.mark.parametrize("i", range(len(BAD)), ids=[" ".join(o) for _, o, _ in BAD])
 def test_bad_config_exits_with_one_clear_message(bad_runs, i):
-  run, (_, key) = bad_runs[i], BAD[i]
+  run, (_, _, key) = bad_runs[i], BAD[i]
   assert run.returncode != 0
   lines = [ln for ln in run.stderr.strip().splitlines() if ln.strip()]
   assert len(lines) == 1, run.stderr  # no traceback
@@ -62,18 +76,32 @@ def test_bad_config_exits_with_one_clear_message(bad_runs, i):
 def test_unknown_variant_and_missing_workdir(tmp_path):
   run = _main("--config=configs/default.py:bogus", f"--workdir={tmp_path}")
   assert run.returncode != 0 and "bogus" in run.stderr and "Traceback" not in run.stderr
-  run = _main("--config=configs/default.py:smoke")
+  run = _main("--config=configs/sample.py:smoke")
   assert run.returncode != 0 and "--workdir" in run.stderr
 
 
-def test_every_config_file_parses_and_validates():
-  import importlib.util
+# Variants that validate on this machine; a config that needs a checkpoint is checked through its tiny variant.
+VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"]}
 
-  for path in sorted((ROOT / "configs").glob("*.py")):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config_lib.validate(module.get_config(), num_devices=1)
+
+def test_every_config_file_parses_and_validates():
+  import importlib
+
+  files = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
+  assert sorted(VARIANTS) == files, "list each config's variants in VARIANTS"
+  for name, variants in VARIANTS.items():
+    module = importlib.import_module(f"configs.{name}")
+    assert "python -m rl_lm.main --config=configs/" in module.__doc__  # its run command is in the docstring
+    for arg in variants:
+      config_lib.validate(module.get_config(arg), num_devices=1)
+
+
+def test_a_real_checkpoint_config_without_its_checkpoint_is_refused():
+  from configs import gsm8k_qwen
+
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(gsm8k_qwen.get_config(), num_devices=1)
+  assert e.value.key == "config.model.hf_checkpoint"
 
 
 def test_validate_names_the_key_in_process():

@@ -1,4 +1,4 @@
-"""The entry point end to end: the default config's smoke variant runs and writes its samples."""
+"""The entry point end to end: the sample config's smoke variant runs on a mesh and writes its samples."""
 
 import json
 import os
@@ -9,10 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_default_smoke_runs(tmp_path):
+def test_sample_smoke_runs(tmp_path):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   run = subprocess.run(
-    [sys.executable, "-m", "rl_lm.main", "--config=configs/default.py:smoke", f"--workdir={tmp_path}",
+    [sys.executable, "-m", "rl_lm.main", "--config=configs/sample.py:smoke", f"--workdir={tmp_path}",
      "--config.sample.num_batches=2", "--config.mesh.data=2", "--config.mesh.tensor=4"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
   )

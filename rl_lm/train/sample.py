@@ -1,8 +1,8 @@
 """The "sample" stage: draw completions from the policy for fixed prompts and report throughput.
 
-Until the RL loop lands this is what the embedded default runs: it exercises the whole path a
-run takes (config -> mesh -> sharded parameters -> jitted KV-cache sampler -> decode) and writes
-`samples.jsonl` in the workdir.
+It exercises the path every run takes (config -> mesh -> sharded parameters -> jitted KV-cache
+sampler -> decode) and writes `samples.jsonl` in the workdir; after an "sft" or "rl" stage it
+shows what the trained policy writes.
 """
 
 from __future__ import annotations
@@ -11,26 +11,21 @@ import itertools
 import json
 import os
 import time
-from typing import Any
 
 import jax
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling, tokenizer
-from rl_lm.models import build
+from rl_lm.train.context import Context
 
 
-def run(config: Any, workdir: str) -> None:
-  mesh = mesh_lib.mesh_from_config(config.mesh)
-  rules = mesh_lib.rules_from_config(config.mesh)
-  key = jax.random.key(config.seed)
-  model_cfg, params = build.load_or_init(config.model, mesh, rules, jax.random.fold_in(key, 0))
-  tok = tokenizer.from_config(config)
+def run(ctx: Context) -> None:
+  config, workdir, mesh, rules, key = ctx.config, ctx.workdir, ctx.mesh, ctx.rules, ctx.key
+  model_cfg, params, tok = ctx.model_cfg, ctx.policy, ctx.tokenizer
   source = "random init" if not config.model.hf_checkpoint else config.model.hf_checkpoint
   print(f"rl_lm: model {config.model.preset if not config.model.hf_checkpoint else 'hf'} "
         f"({model_cfg.num_params() / 1e6:.2f}M params, {source}) on mesh {dict(mesh.shape)}", flush=True)
-  print("rl_lm: the RL loop is not built yet; this config samples from the policy as it is.", flush=True)
 
   texts = list(itertools.islice(itertools.cycle(config.sample.prompts), config.sample.batch_size))
   prompts, lengths = sampling.pad_prompts([tokenizer.encode_prompt(tok, t) for t in texts], tok.pad_id, multiple=8)

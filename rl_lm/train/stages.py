@@ -1,12 +1,21 @@
-"""The stages a run can chain (`config.stages`), by name."""
+"""The stages a run can chain (`config.stages`), by name. Each takes the run's Context and leaves
+its policy in `ctx.policy` for the next."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from rl_lm.train import sample
+from rl_lm.train import rl, sample, sft
+from rl_lm.train.context import Context
 
-STAGES: dict[str, Callable[[Any, str], None]] = {
+
+def _sft(ctx: Context) -> Any:
+  return sft.train(ctx, rl.task_from_config(ctx.config), ctx.config.sft)
+
+
+STAGES: dict[str, Callable[[Context], Any]] = {
   "sample": sample.run,
+  "sft": _sft,
+  "rl": rl.run,
 }

@@ -25,7 +25,8 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and linear warmup, then constant (or cosine to 0 given total_steps)."""
   if total_steps:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1), max(total_steps, 2))
+    warmup = min(max(warmup_steps, 1), max(total_steps - 1, 1))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(total_steps, warmup + 1))
   elif warmup_steps:
     schedule = optax.linear_schedule(0.0, learning_rate, warmup_steps)
   else:
@@ -52,6 +53,21 @@ def create(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh, par
   shardings = state_shardings(optimizer, jax.eval_shape(lambda: params), param_shardings, mesh)
   init = jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)), out_shardings=shardings)
   return init(params)
+
+
+def global_norm(tree: Any) -> jax.Array:
+  """L2 norm over every leaf of a pytree (None leaves skipped)."""
+  return optax.tree.norm(tree)
+
+
+def apply_gradients(state: TrainState, grads: Any, optimizer: optax.GradientTransformation,
+                    finite: jax.Array | bool = True) -> TrainState:
+  """One optimizer step; when `finite` is False (a NaN or inf in the gradients) the state is kept as it was."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  return TrainState(state.step + jnp.asarray(finite, jnp.int32), keep(params, state.params),
+                    keep(opt_state, state.opt_state))
 
 
 def make_update_fn(

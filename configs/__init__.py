@@ -1,0 +1,1 @@
+"""Experiment configs: each `<x>.py` has `get_config(arg)` and its run command in the docstring."""

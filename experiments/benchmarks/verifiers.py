@@ -1,0 +1,142 @@
+"""Verifier throughput: maths (GSM8K), code (HumanEval, 1 and 2 workers), and the sandbox's fixed cost.
+
+    python experiments/benchmarks/verifiers.py [--json=out.json] [--fixed_cost_runs=40]
+
+Prints a markdown table. The fixed cost is the mean wall time of one trivial program through the
+sandbox minus that of a bare `python -c pass`, both measured here, sequentially, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from rl_lm.rewards.audit import PROBE_TESTS, change_final_number  # noqa: E402
+from rl_lm.rewards.code import CodeJob, Sandbox, SandboxLimits, job_for  # noqa: E402
+from rl_lm.rewards.maths import MathsReward, SymbolicPool, verify_answer  # noqa: E402
+from rl_lm.tasks.arithmetic import ArithmeticTask, is_correct  # noqa: E402
+from rl_lm.tasks.gsm8k import GSM8KTask  # noqa: E402
+from rl_lm.tasks.humaneval import HumanEvalTask  # noqa: E402
+
+
+def _rate(n: int, seconds: float) -> float:
+  return n / seconds if seconds > 0 else float("inf")
+
+
+def bench_maths() -> dict:
+  problems = GSM8KTask().test_problems()
+  completions = [p.reference for p in problems] + [change_final_number(p.reference, p.answer) for p in problems]
+  doubled = problems + problems
+  reward = MathsReward()
+  start = time.perf_counter()
+  results = reward.batch(doubled, completions)
+  seconds = time.perf_counter() - start
+  assert sum(r.score for r in results) == len(problems)
+  pool = SymbolicPool(workers=1, timeout_s=10.0)
+  verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=pool)  # start the worker outside the clock
+  symbolic = [(f"{i}\\sqrt{{2}}", f"\\boxed{{\\sqrt{{{2 * i * i}}}}}") for i in range(1, 101)]
+  start = time.perf_counter()
+  ok = sum(verify_answer(g, c, pool=pool).score for g, c in symbolic)
+  sym_seconds = time.perf_counter() - start
+  pool.close()
+  assert ok == len(symbolic)
+  return {
+    "gsm8k_verifications": len(completions), "gsm8k_per_s": _rate(len(completions), seconds),
+    "symbolic_verifications": len(symbolic), "symbolic_per_s": _rate(len(symbolic), sym_seconds),
+  }
+
+
+def bench_arithmetic() -> dict:
+  problems = ArithmeticTask().test_problems(2000)
+  start = time.perf_counter()
+  ok = sum(is_correct(p, p.answer) for p in problems)
+  seconds = time.perf_counter() - start
+  assert ok == len(problems)
+  return {"arithmetic_verifications": len(problems), "arithmetic_per_s": _rate(len(problems), seconds)}
+
+
+def bench_code() -> dict:
+  problems = HumanEvalTask().test_problems()
+  jobs = [job_for(p, p.reference) for p in problems]
+  out = {}
+  for workers in (1, 2):
+    sandbox = Sandbox(SandboxLimits(timeout_s=20.0), workers=workers)
+    start = time.perf_counter()
+    results = sandbox.run_many(jobs)
+    seconds = time.perf_counter() - start
+    out[f"humaneval_passed_{workers}w"] = sum(r.passed for r in results)
+    out[f"humaneval_per_s_{workers}w"] = _rate(len(jobs), seconds)
+    out[f"humaneval_seconds_{workers}w"] = seconds
+  out["layers"] = list(results[0].layers)
+  return out
+
+
+def bench_fixed_cost(runs: int) -> dict:
+  sandbox = Sandbox(SandboxLimits(timeout_s=10.0))
+  job = CodeJob("def add(a, b):\n  return a + b\n", PROBE_TESTS, "add")
+  sandbox.run(job)  # warm the page cache
+  start = time.perf_counter()
+  for _ in range(runs):
+    assert sandbox.run(job).passed
+  sandboxed = (time.perf_counter() - start) / runs
+  bare = {}
+  commands = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "python -I -S -c pass": [sys.executable, "-I", "-S", "-c", "pass"],
+  }
+  for name, argv in commands.items():
+    subprocess.run(argv, check=True)
+    start = time.perf_counter()
+    for _ in range(runs):
+      subprocess.run(argv, check=True)
+    bare[name] = (time.perf_counter() - start) / runs
+  return {
+    "sandbox_ms": 1000 * sandboxed, "bare_python_ms": 1000 * bare["python -c pass"],
+    "bare_isolated_python_ms": 1000 * bare["python -I -S -c pass"],
+    "fixed_cost_ms": 1000 * (sandboxed - bare["python -c pass"]), "runs": runs,
+  }
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--json", default=None)
+  parser.add_argument("--fixed_cost_runs", type=int, default=40)
+  args = parser.parse_args()
+  res = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}"}
+  res.update(bench_arithmetic())
+  res.update(bench_maths())
+  res.update(bench_code())
+  res.update(bench_fixed_cost(args.fixed_cost_runs))
+  rows = [
+    ("arithmetic exact check", f"{res['arithmetic_per_s']:,.0f} /s",
+     f"{res['arithmetic_verifications']:,} test problems, levels 1-5"),
+    ("maths, GSM8K (exact path)", f"{res['gsm8k_per_s']:,.0f} /s",
+     f"{res['gsm8k_verifications']} = 1,319 refs + 1,319 changed"),
+    ("maths, symbolic (math-verify, 1 worker)", f"{res['symbolic_per_s']:,.0f} /s",
+     "100 roots, e.g. `\\sqrt{8}` vs `2\\sqrt{2}`"),
+    ("code, HumanEval, 1 worker", f"{res['humaneval_per_s_1w']:.1f} /s",
+     f"{res['humaneval_passed_1w']}/164 passed, {res['humaneval_seconds_1w']:.1f}s"),
+    ("code, HumanEval, 2 workers", f"{res['humaneval_per_s_2w']:.1f} /s",
+     f"{res['humaneval_passed_2w']}/164 passed, {res['humaneval_seconds_2w']:.1f}s"),
+    ("sandbox, trivial program", f"{res['sandbox_ms']:.1f} ms", f"mean of {res['runs']}, sequential"),
+    ("bare `python -c pass`", f"{res['bare_python_ms']:.1f} ms", f"`-I -S`: {res['bare_isolated_python_ms']:.1f} ms"),
+    ("sandbox fixed cost", f"{res['fixed_cost_ms']:.1f} ms", "sandbox minus bare python"),
+  ]
+  print(f"machine: {res['machine']}; sandbox layers: {', '.join(res['layers'])}\n")
+  print("| measure | value | notes |\n| --- | --- | --- |")
+  for row in rows:
+    print("| " + " | ".join(row) + " |")
+  if args.json:
+    Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+  main()

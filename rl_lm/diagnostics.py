@@ -1,0 +1,295 @@
+"""Run-health metrics, computed every RL step, and alarms on them.
+
+`rollout_metrics` takes the rollout arrays ([B, T] per token, [B] per episode, rows of a group adjacent)
+and returns a dict of scalar arrays; it is pure jnp and jittable with `group_size` and
+`max_new_tokens` static:
+
+  jax.jit(diagnostics.rollout_metrics, static_argnames=("group_size", "max_new_tokens"))
+
+Every mean is guarded: an all-masked batch, an empty group or a batch without valid episodes gives 0,
+never NaN. Optional inputs that are None simply drop their metrics, so the key set depends only on which
+inputs were given (static under jit).
+
+Masks used:
+  - episode metrics over rewards (reward mean/std, pass rate) use the `valid` episodes (the verifier
+    could decide); length and truncation use every episode; `rollout/invalid_frac` counts the rest.
+  - token metrics (KL, entropy, sampler/trainer gap, importance weights, explained variance) use
+    `completion_mask`: every sampled completion token, whether or not its episode's verifier succeeded,
+    since they describe the policy and the numerics rather than the reward.
+
+`perf_metrics` turns phase timings into throughput; `check_alarms` turns a metrics dict into
+human-readable alarm lines ("ALARM policy/entropy=0.012 < 0.05: entropy collapsed").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any  # jax.Array or np.ndarray
+
+
+def _f32(x: Array) -> jax.Array:
+  return jnp.asarray(x, jnp.float32)
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean of x over mask; 0 when the mask is empty. Masked-out entries may hold anything, even inf."""
+  mask = mask.astype(bool)
+  total = jnp.sum(jnp.where(mask, x, 0.0))
+  return total / jnp.maximum(jnp.sum(mask), 1)
+
+
+def _masked_max(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Max of x over mask; 0 when the mask is empty."""
+  mask = mask.astype(bool)
+  return jnp.where(jnp.any(mask), jnp.max(jnp.where(mask, x, -jnp.inf)), 0.0)
+
+
+def _masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Population variance of x over mask (two-pass); 0 when the mask is empty."""
+  mean = _masked_mean(x, mask)
+  return _masked_mean(jnp.square(jnp.where(mask, x - mean, 0.0)), mask)
+
+
+def rollout_metrics(
+  *,
+  scores: Array,
+  valid: Array,
+  completion_mask: Array,
+  group_size: int,
+  success: Array | None = None,
+  lengths: Array | None = None,
+  truncated: Array | None = None,
+  max_new_tokens: int | None = None,
+  logprobs: Array | None = None,
+  sampler_logprobs: Array | None = None,
+  ref_logprobs: Array | None = None,
+  entropy: Array | None = None,
+  values: Array | None = None,
+  returns: Array | None = None,
+  is_weights: Array | None = None,
+) -> dict[str, jax.Array]:
+  """Run-health metrics of one rollout batch (B = prompts x group_size episodes, T tokens).
+
+  Args:
+    scores: [B] rewards.
+    valid: [B] bool, the verifier could score the episode.
+    completion_mask: [B, T] bool, the sampled completion tokens.
+    group_size: episodes per prompt; rows of a group are adjacent; B must be a multiple of it.
+    success: [B] bool, the episode solved its problem (for "rollout/pass_rate" and the group solve
+      fractions); omitted -> those keys are absent.
+    lengths: [B] completion lengths; default `completion_mask.sum(-1)`.
+    truncated: [B] bool, generation hit max_new_tokens without a stop token; if None and
+      `max_new_tokens` is given, `lengths >= max_new_tokens` is used instead; if both are None the
+      truncation rate is absent.
+    logprobs: [B, T] trainer ("old") log-probs of the sampled tokens.
+    sampler_logprobs: [B, T] the sampler's own log-probs of the same tokens.
+    ref_logprobs: [B, T] reference-model log-probs; KL uses `logprobs` (or `sampler_logprobs` if no
+      trainer log-probs were given).
+    entropy: [B, T] per-token policy entropy.
+    values, returns: [B, T] PPO value predictions and returns, for "value/explained_variance".
+    is_weights: [B, T] importance weights applied to the loss (e.g. truncated IS).
+
+  Returns:
+    {name: float32 scalar}. Keys: rollout/{reward_mean, reward_std, pass_rate, response_length_mean,
+    response_length_max, truncation_rate, invalid_frac, completion_tokens},
+    groups/{zero_variance_frac, solve_all_frac, solve_none_frac}, policy/{kl_ref_k1, kl_ref_k3, entropy},
+    offpolicy/{logprob_gap_mean_abs, logprob_gap_max, sampler_trainer_kl, is_weight_mean, is_weight_max},
+    value/explained_variance; each only when its inputs were given.
+  """
+  scores = _f32(scores)
+  valid = jnp.asarray(valid, bool)
+  mask = jnp.asarray(completion_mask, bool)
+  (b,) = scores.shape
+  if group_size < 1 or b % group_size:
+    raise ValueError(f"rollout_metrics: batch of {b} episodes is not a multiple of group_size={group_size}")
+  lengths = jnp.sum(mask, axis=-1) if lengths is None else jnp.asarray(lengths)
+  lengths = _f32(lengths)
+  m: dict[str, jax.Array] = {}
+
+  # Episodes.
+  m["rollout/reward_mean"] = _masked_mean(scores, valid)
+  m["rollout/reward_std"] = jnp.sqrt(_masked_var(scores, valid))
+  if success is not None:
+    m["rollout/pass_rate"] = _masked_mean(_f32(jnp.asarray(success, bool)), valid)
+  m["rollout/response_length_mean"] = jnp.mean(lengths) if b else jnp.float32(0)
+  m["rollout/response_length_max"] = jnp.max(lengths, initial=0.0)
+  if truncated is None and max_new_tokens is not None:
+    truncated = lengths >= max_new_tokens
+  if truncated is not None:
+    m["rollout/truncation_rate"] = jnp.mean(_f32(jnp.asarray(truncated, bool))) if b else jnp.float32(0)
+  m["rollout/invalid_frac"] = jnp.mean(_f32(~valid)) if b else jnp.float32(0)
+  m["rollout/completion_tokens"] = _f32(jnp.sum(mask))
+
+  # Groups: a group with fewer than two valid members, or whose valid rewards are all equal, has no
+  # group-relative signal (its advantages are all 0).
+  g = b // group_size
+  gs, gv = scores.reshape(g, group_size), valid.reshape(g, group_size)
+  hi = jnp.max(jnp.where(gv, gs, -jnp.inf), axis=1, initial=-jnp.inf)
+  lo = jnp.min(jnp.where(gv, gs, jnp.inf), axis=1, initial=jnp.inf)
+  zero_var = (jnp.sum(gv, axis=1) < 2) | (hi == lo)
+  m["groups/zero_variance_frac"] = jnp.mean(_f32(zero_var)) if g else jnp.float32(0)
+  if success is not None:
+    gsucc = jnp.asarray(success, bool).reshape(g, group_size) & gv
+    any_valid = jnp.any(gv, axis=1)
+    n_succ, n_valid = jnp.sum(gsucc, axis=1), jnp.sum(gv, axis=1)
+    m["groups/solve_all_frac"] = jnp.mean(_f32(any_valid & (n_succ == n_valid))) if g else jnp.float32(0)
+    m["groups/solve_none_frac"] = jnp.mean(_f32(any_valid & (n_succ == 0))) if g else jnp.float32(0)
+
+  # Policy vs reference.
+  policy_logp = logprobs if logprobs is not None else sampler_logprobs
+  if policy_logp is not None and ref_logprobs is not None:
+    logp, ref = _f32(policy_logp), _f32(ref_logprobs)
+    d = jnp.where(mask, ref - logp, 0.0)  # log(pi_ref / pi); zeroed off-mask so exp cannot overflow there
+    m["policy/kl_ref_k1"] = _masked_mean(-d, mask)
+    m["policy/kl_ref_k3"] = _masked_mean(jnp.exp(d) - 1.0 - d, mask)
+  if entropy is not None:
+    m["policy/entropy"] = _masked_mean(_f32(entropy), mask)
+
+  # Sampler vs trainer: log r = trainer - sampler; k3 estimate of KL(sampler || trainer) = E_sampler[r - 1 - log r].
+  if logprobs is not None and sampler_logprobs is not None:
+    log_r = jnp.where(mask, _f32(logprobs) - _f32(sampler_logprobs), 0.0)
+    m["offpolicy/logprob_gap_mean_abs"] = _masked_mean(jnp.abs(log_r), mask)
+    m["offpolicy/logprob_gap_max"] = _masked_max(jnp.abs(log_r), mask)
+    m["offpolicy/sampler_trainer_kl"] = _masked_mean(jnp.exp(log_r) - 1.0 - log_r, mask)
+  if is_weights is not None:
+    w = _f32(is_weights)
+    m["offpolicy/is_weight_mean"] = _masked_mean(w, mask)
+    m["offpolicy/is_weight_max"] = _masked_max(w, mask)
+
+  # Value model.
+  if values is not None and returns is not None:
+    ret, val = _f32(returns), _f32(values)
+    var_ret = _masked_var(ret, mask)
+    var_err = _masked_var(ret - val, mask)
+    m["value/explained_variance"] = jnp.where(var_ret > 1e-8, 1.0 - var_err / jnp.maximum(var_ret, 1e-8), 0.0)
+
+  return {k: jnp.asarray(v, jnp.float32) for k, v in m.items()}
+
+
+# ---------------------------------------------------------------------------------------------- performance
+
+
+def perf_metrics(timings: Mapping[str, float], n_tokens: int) -> dict[str, float]:
+  """Throughput and time split of one step.
+
+  Args:
+    timings: seconds per phase, e.g. {"sampling": 3.1, "scoring": 0.4, "update": 2.2}; an optional
+      "total" is the step's wall time (default: the sum of the phases).
+    n_tokens: tokens processed in the step (e.g. completion tokens).
+
+  Returns:
+    "perf/tokens_per_s", "perf/time_total_s", and per phase "perf/time_{phase}_s" and "perf/frac_{phase}"
+    (its share of the total; 0 when the total is 0).
+  """
+  phases = {k: float(v) for k, v in timings.items() if k != "total"}
+  total = float(timings["total"]) if "total" in timings else sum(phases.values())
+  out = {"perf/tokens_per_s": n_tokens / total if total > 0 else 0.0, "perf/time_total_s": total}
+  for name, t in phases.items():
+    out[f"perf/time_{name}_s"] = t
+    out[f"perf/frac_{name}"] = t / total if total > 0 else 0.0
+  return out
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str, clock: Callable[[], float] = time.perf_counter) -> Iterator[None]:
+  """Adds the wall time of the block to `timings[name]`. JAX dispatch is asynchronous: block on the
+  block's outputs (`jax.block_until_ready`) inside it, or the time lands in a later phase."""
+  start = clock()
+  try:
+    yield
+  finally:
+    timings[name] = timings.get(name, 0.0) + (clock() - start)
+
+
+# ---------------------------------------------------------------------------------------------- alarms
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmConfig:
+  """Alarm thresholds; None disables that alarm.
+
+  Attributes:
+    entropy_min: policy/entropy below this (nats per token): entropy collapsed.
+    kl_max: policy/kl_ref_k3 above this (nats per token): the policy drifted far from the reference.
+    logprob_gap_max: offpolicy/logprob_gap_mean_abs above this: sampler and trainer disagree.
+    sampler_trainer_kl_max: offpolicy/sampler_trainer_kl above this.
+    zero_variance_max: groups/zero_variance_frac above this: most groups carry no learning signal.
+    invalid_frac_max: rollout/invalid_frac above this: too many verifier errors.
+    truncation_max: rollout/truncation_rate above this: completions keep hitting max_new_tokens.
+    is_weight_max: offpolicy/is_weight_max above this.
+    check_finite: any NaN or inf metric raises an alarm.
+  """
+
+  entropy_min: float | None = 0.05
+  kl_max: float | None = 0.5
+  logprob_gap_max: float | None = 0.05
+  sampler_trainer_kl_max: float | None = None
+  zero_variance_max: float | None = 0.8
+  invalid_frac_max: float | None = 0.1
+  truncation_max: float | None = None
+  is_weight_max: float | None = None
+  check_finite: bool = True
+
+
+# (metric key, AlarmConfig field, "<" alarms when value < threshold / ">" when value > threshold, meaning)
+_RULES = (
+  ("policy/entropy", "entropy_min", "<", "entropy collapsed"),
+  ("policy/kl_ref_k3", "kl_max", ">", "policy drifted far from the reference"),
+  ("offpolicy/logprob_gap_mean_abs", "logprob_gap_max", ">", "sampler and trainer log-probs disagree"),
+  ("offpolicy/sampler_trainer_kl", "sampler_trainer_kl_max", ">", "sampler and trainer distributions disagree"),
+  ("groups/zero_variance_frac", "zero_variance_max", ">", "most groups carry no learning signal"),
+  ("rollout/invalid_frac", "invalid_frac_max", ">", "too many verifier errors"),
+  ("rollout/truncation_rate", "truncation_max", ">", "completions keep hitting max_new_tokens"),
+  ("offpolicy/is_weight_max", "is_weight_max", ">", "importance weights exploded"),
+)
+
+
+def _scalar(v: Any) -> float | None:
+  """A float from a Python / numpy / jax scalar; None for anything else (strings, arrays of size > 1)."""
+  if isinstance(v, bool | int | float | np.number):
+    return float(v)
+  try:
+    a = np.asarray(v)
+  except Exception:  # noqa: BLE001
+    return None
+  if a.size != 1 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+    return None
+  return float(a.reshape(()))
+
+
+def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> list[str]:
+  """Human-readable alarm lines for the metrics that crossed their thresholds (empty when healthy).
+
+  Each names the metric, its value and the threshold: "ALARM policy/entropy=0.012 < 0.05: entropy collapsed".
+  Missing metrics are skipped; a non-finite value gives "ALARM <key>=nan: non-finite value" instead.
+  """
+  cfg = cfg or AlarmConfig()
+  alarms = []
+  if cfg.check_finite:
+    for key in sorted(metrics):
+      v = _scalar(metrics[key])
+      if v is not None and not math.isfinite(v):
+        alarms.append(f"ALARM {key}={v}: non-finite value")
+  for key, field, op, meaning in _RULES:
+    threshold = getattr(cfg, field)
+    if threshold is None or key not in metrics:
+      continue
+    v = _scalar(metrics[key])
+    if v is None or not math.isfinite(v):
+      continue
+    if (op == "<" and v < threshold) or (op == ">" and v > threshold):
+      alarms.append(f"ALARM {key}={v:.4g} {op} {threshold:g}: {meaning}")
+  return alarms
+
+
+__all__ = ["AlarmConfig", "check_alarms", "perf_metrics", "rollout_metrics", "timed"]

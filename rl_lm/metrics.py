@@ -1,0 +1,400 @@
+"""Metric writers: JSONL, console progress, Weights & Biases (offline by default), and run records.
+
+Every writer follows the `MetricsWriter` protocol, `write(step, {name: scalar})` and `close()`, so a
+TensorBoard writer (or any other sink) is one more class; `MultiWriter` fans out to several. Values may
+be Python, numpy or jax scalars; `scalarize` turns them into plain Python numbers and refuses arrays of
+more than one element by name.
+
+JSONL format (`JsonlWriter`): one object per line, `{"step": s, **metrics}`. JSON has no NaN or
+infinity, so non-finite floats are written as the strings "nan", "inf" and "-inf" (which `float()`
+reads back; `read_jsonl` does it for you): the file stays strict JSON and a NaN stays distinguishable
+from a missing value. The file is opened for append, so a resumed run continues it; readers keep the
+last record of a step.
+
+`run_info` / `write_run_info` record what a run was (config, git commit, jax version, devices, host,
+start time) in `run_info.json`; `plot_curves` draws chosen metrics from a JSONL file into one PNG.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO, runtime_checkable
+
+import numpy as np
+
+Scalar = int | float | bool | str
+
+
+@runtime_checkable
+class MetricsWriter(Protocol):
+  """Where scalar metrics go."""
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None: ...
+
+  def close(self) -> None: ...
+
+
+def scalarize(metrics: Mapping[str, Any]) -> dict[str, Scalar]:
+  """Plain Python scalars from Python / numpy / jax scalars (or one-element arrays); strings pass through.
+
+  Raises ValueError naming the key for an array of more than one element or an unsupported type.
+  """
+  out: dict[str, Scalar] = {}
+  for key, v in metrics.items():
+    if isinstance(v, str | bool | int | float):
+      out[key] = v
+      continue
+    try:
+      a = np.asarray(v)
+    except Exception as e:  # noqa: BLE001
+      raise ValueError(f"metric {key!r}: cannot convert {type(v).__name__} to a scalar") from e
+    if a.size != 1:
+      raise ValueError(f"metric {key!r}: expected a scalar, got an array of shape {a.shape}")
+    a = a.reshape(())
+    if a.dtype == bool:
+      out[key] = bool(a)
+    elif np.issubdtype(a.dtype, np.integer):
+      out[key] = int(a)
+    elif np.issubdtype(a.dtype, np.floating):
+      out[key] = float(a)
+    else:
+      raise ValueError(f"metric {key!r}: unsupported dtype {a.dtype}")
+  return out
+
+
+def _json_value(v: Scalar) -> Scalar:
+  if isinstance(v, float) and not math.isfinite(v):
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+  return v
+
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The records of a JSONL metrics file, with "nan"/"inf"/"-inf" strings turned back into floats."""
+  records = []
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        rec = json.loads(line)
+        records.append({k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in rec.items()})
+  return records
+
+
+class JsonlWriter:
+  """Appends `{"step": s, **metrics}` per write to `path`, flushed every write (see module docstring)."""
+
+  def __init__(self, path: str | os.PathLike) -> None:
+    self.path = Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._f: TextIO | None = open(self.path, "a")  # noqa: SIM115 -- closed in close()
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if self._f is None:
+      raise RuntimeError(f"JsonlWriter({self.path}) is closed")
+    record = {"step": int(step), **{k: _json_value(v) for k, v in scalarize(metrics).items()}}
+    self._f.write(json.dumps(record, allow_nan=False) + "\n")
+    self._f.flush()
+
+  def close(self) -> None:
+    if self._f is not None:
+      self._f.close()
+      self._f = None
+
+  def __enter__(self) -> JsonlWriter:
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
+
+
+# ---------------------------------------------------------------------------------------------- console
+
+#: Short console names for common metric keys; other keys show their last path component.
+ALIASES: dict[str, str] = {
+  "rollout/reward_mean": "reward",
+  "rollout/pass_rate": "pass",
+  "rollout/response_length_mean": "len",
+  "rollout/truncation_rate": "trunc",
+  "rollout/invalid_frac": "invalid",
+  "groups/zero_variance_frac": "zvar",
+  "policy/kl_ref_k3": "kl",
+  "policy/kl_ref_k1": "kl1",
+  "policy/entropy": "ent",
+  "policy/clip_frac": "clip",
+  "offpolicy/logprob_gap_mean_abs": "gap",
+  "train/loss": "loss",
+  "train/grad_norm": "gnorm",
+  "perf/tokens_per_s": "tok/s",
+  "eval/pass@1": "pass@1",
+  "eval/greedy_accuracy": "greedy",
+}
+
+DEFAULT_CONSOLE_KEYS = (
+  "rollout/reward_mean", "rollout/pass_rate", "policy/kl_ref_k3", "policy/entropy", "rollout/response_length_mean",
+  "groups/zero_variance_frac", "train/loss", "perf/tokens_per_s",
+)
+
+
+def format_duration(seconds: float) -> str:
+  """42s, 3m44s, 2h03m."""
+  if not math.isfinite(seconds):
+    return "?"
+  s = max(int(round(seconds)), 0)
+  if s < 60:
+    return f"{s}s"
+  if s < 3600:
+    return f"{s // 60}m{s % 60:02d}s"
+  return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def format_value(v: Any) -> str:
+  """Compact number: 0.41, 0.012, 1234, 3.2e-05; other values as str()."""
+  if isinstance(v, bool) or not isinstance(v, int | float):
+    return str(v)
+  if isinstance(v, int):
+    return str(v)
+  if not math.isfinite(v):
+    return str(v)
+  a = abs(v)
+  if a == 0:
+    return "0"
+  if a >= 100:
+    return f"{v:.0f}"
+  if a >= 1e-3:
+    return f"{v:.3g}"
+  return f"{v:.2e}"
+
+
+class ConsoleProgress:
+  """One line per logged step: `step 12/200 (6%) | 0.84 steps/s | ETA 3m44s | reward 0.41 | kl 0.012 | ...`.
+
+  The step time is an exponential moving average over writes (`smoothing` is the weight of the newest
+  interval, divided by the steps it covered); the first interval runs from construction (so it
+  includes compilation) and is forgotten quickly. `clock` is injectable for tests.
+  """
+
+  def __init__(self, total_steps: int | None, keys: Sequence[str] = DEFAULT_CONSOLE_KEYS, every: int = 1,
+               stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic, start_step: int = 0,
+               smoothing: float = 0.3, aliases: Mapping[str, str] | None = None) -> None:
+    self.total_steps, self.keys, self.every = total_steps, tuple(keys), max(int(every), 1)
+    self.stream = stream if stream is not None else sys.stdout
+    self.clock, self.smoothing = clock, smoothing
+    self.aliases = dict(ALIASES if aliases is None else aliases)
+    self._last_step, self._last_time = int(start_step), clock()
+    self.step_time: float | None = None  # EMA of seconds per step
+
+  def _update_rate(self, step: int) -> None:
+    now = self.clock()
+    advanced = step - self._last_step
+    if advanced > 0:
+      dt = (now - self._last_time) / advanced
+      self.step_time = dt if self.step_time is None else (1 - self.smoothing) * self.step_time + self.smoothing * dt
+    self._last_step, self._last_time = step, now
+
+  def format_line(self, step: int, metrics: Mapping[str, Any]) -> str:
+    parts = []
+    if self.total_steps:
+      parts.append(f"step {step}/{self.total_steps} ({int(100 * step / self.total_steps)}%)")
+    else:
+      parts.append(f"step {step}")
+    if self.step_time and self.step_time > 0:
+      parts.append(f"{1.0 / self.step_time:.3g} steps/s")
+      if self.total_steps:
+        parts.append(f"ETA {format_duration(max(self.total_steps - step, 0) * self.step_time)}")
+    values = scalarize({k: metrics[k] for k in self.keys if k in metrics})
+    for k, v in values.items():
+      parts.append(f"{self.aliases.get(k, k.rsplit('/', 1)[-1])} {format_value(v)}")
+    return " | ".join(parts)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    self._update_rate(int(step))
+    if step % self.every == 0 or (self.total_steps is not None and step >= self.total_steps):
+      self.log(self.format_line(int(step), metrics))
+
+  def update(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Alias of `write`."""
+    self.write(step, metrics)
+
+  def log(self, message: str) -> None:
+    """A free-form line (alarms, stage changes)."""
+    print(message, file=self.stream, flush=True)
+
+  def close(self) -> None:
+    self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------- wandb
+
+
+class WandbWriter:
+  """Weights & Biases run. mode "offline" (default) needs no network: `wandb sync <dir>/wandb/offline-run-*`
+  uploads it later; "online" logs live; "disabled" does nothing and does not import wandb.
+
+  Non-numeric values (strings) are not sent. `dir` is where the `wandb/` folder goes (created if missing).
+  """
+
+  def __init__(self, project: str, name: str | None = None, mode: str = "offline", dir: str | os.PathLike | None = None,
+               config: Mapping[str, Any] | None = None, **init_kwargs: Any) -> None:
+    if mode not in ("online", "offline", "disabled"):
+      raise ValueError(f"WandbWriter: mode must be 'online', 'offline' or 'disabled', got {mode!r}")
+    self.mode, self.run = mode, None
+    if mode == "disabled":
+      return
+    import wandb
+
+    if dir is not None:
+      Path(dir).mkdir(parents=True, exist_ok=True)
+    self.run = wandb.init(project=project, name=name, mode=mode, dir=None if dir is None else str(dir),
+                          config=dict(config) if config is not None else None, **init_kwargs)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if self.run is None:
+      return
+    values = {k: v for k, v in scalarize(metrics).items() if not isinstance(v, str)}
+    self.run.log(values, step=int(step))
+
+  def close(self) -> None:
+    if self.run is not None:
+      self.run.finish()
+      self.run = None
+
+
+class MultiWriter:
+  """Writes to every writer; `log` goes to those that have a `log` method."""
+
+  def __init__(self, writers: Iterable[MetricsWriter]) -> None:
+    self.writers = list(writers)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    for w in self.writers:
+      w.write(step, metrics)
+
+  def log(self, message: str) -> None:
+    for w in self.writers:
+      if hasattr(w, "log"):
+        w.log(message)
+
+  def close(self) -> None:
+    for w in self.writers:
+      w.close()
+
+
+# ---------------------------------------------------------------------------------------------- run records
+
+
+def git_commit(path: str | os.PathLike | None = None) -> str:
+  """`git rev-parse HEAD` of the repository holding `path` (default: this package), or "unknown"."""
+  cwd = Path(path) if path is not None else Path(__file__).resolve().parent
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _plain_config(config: Any) -> Any:
+  if hasattr(config, "to_dict"):  # ml_collections.ConfigDict / FrozenConfigDict
+    config = config.to_dict()
+  return json.loads(json.dumps(config, default=str))
+
+
+def run_info(config_dict: Any) -> dict[str, Any]:
+  """What this run is: config, git commit, versions, devices, processes, host, start time (UTC, ISO 8601)."""
+  import jax
+
+  return {
+    "config": _plain_config(config_dict),
+    "git_commit": git_commit(),
+    "jax_version": jax.__version__,
+    "python_version": platform.python_version(),
+    "devices": [str(d) for d in jax.devices()],
+    "process_count": jax.process_count(),
+    "process_index": jax.process_index(),
+    "hostname": socket.gethostname(),
+    "start_time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "argv": list(sys.argv),
+  }
+
+
+def write_run_info(workdir: str | os.PathLike, config_dict: Any) -> Path:
+  """Writes `run_info(config_dict)` to `workdir/run_info.json` (atomically) and returns the path.
+
+  In a multi-process run, call it from process 0 only.
+  """
+  path = Path(workdir) / "run_info.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(run_info(config_dict), indent=2))
+  os.replace(tmp, path)
+  return path
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+
+def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str | os.PathLike,
+                title: str | None = None, ncols: int = 3) -> Path:
+  """Draws each key against step from a JSONL metrics file, one small panel per key, in one PNG.
+
+  Non-finite and non-numeric values are skipped; the last record of a repeated step wins; a key with no
+  data gets an empty panel saying so.
+  """
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  by_step: dict[int, dict[str, Any]] = {}
+  for rec in read_jsonl(jsonl_path):
+    by_step.setdefault(int(rec["step"]), {}).update(rec)
+  steps = sorted(by_step)
+  keys = list(keys)
+  ncols = max(1, min(ncols, len(keys) or 1))
+  nrows = max(1, math.ceil(len(keys) / ncols))
+  fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), dpi=100, squeeze=False)
+  for i, ax in enumerate(axes.flat):
+    if i >= len(keys):
+      ax.axis("off")
+      continue
+    key = keys[i]
+    xs, ys = [], []
+    for s in steps:
+      v = by_step[s].get(key)
+      if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        xs.append(s)
+        ys.append(v)
+    ax.set_title(key, fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, alpha=0.3)
+    if xs:
+      ax.plot(xs, ys, lw=1.2, marker="." if len(xs) < 50 else None)
+    else:
+      ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    if i >= len(keys) - ncols:
+      ax.set_xlabel("step", fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  out_png = Path(out_png)
+  out_png.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out_png, format="png")
+  plt.close(fig)
+  return out_png
+
+
+__all__ = [
+  "ALIASES", "ConsoleProgress", "JsonlWriter", "MetricsWriter", "MultiWriter", "WandbWriter", "format_duration",
+  "format_value", "git_commit", "plot_curves", "read_jsonl", "run_info", "scalarize", "write_run_info",
+]

@@ -1,0 +1,32 @@
+"""Verifiable rewards: reward functions by name, a maths verifier, a code sandbox, format checks.
+
+Importing the package registers the built-in rewards ("correctness", "arithmetic", "maths", "code",
+"format"); see `rl_lm.rewards.registry` for the interface and `score_batch` for batch scoring.
+"""
+
+from __future__ import annotations
+
+from rl_lm.rewards import code, format, maths  # noqa: F401 - registers the built-in rewards
+from rl_lm.rewards.registry import (
+  VERIFIER_FAULTS,
+  CompositeReward,
+  Reward,
+  RewardResult,
+  build_reward,
+  known_rewards,
+  make_reward,
+  register,
+  score_batch,
+)
+
+__all__ = [
+  "VERIFIER_FAULTS",
+  "CompositeReward",
+  "Reward",
+  "RewardResult",
+  "build_reward",
+  "known_rewards",
+  "make_reward",
+  "register",
+  "score_batch",
+]

@@ -1,0 +1,217 @@
+"""Reward functions by name, and their weighted composition.
+
+Every reward maps (problem, completion text) to a `RewardResult`: a float score, a status and an info
+dict. `valid` is False when the verifier itself failed (status "error", "sandbox_error") or timed out,
+so the RL loop can mask the episode from the gradient instead of scoring it 0.
+
+Rewards are registered by name with `@register(name)` on a factory; `make_reward(name, **options)`
+builds one and `build_reward({"correctness": 1.0, "format": 0.1}, options)` builds a weighted sum.
+`score_batch` scores many episodes at once: code runs in the sandbox's bounded process pool, the
+symbolic maths path in its worker processes.
+
+Built-in names: "correctness" (dispatches on `problem.task` to "arithmetic", "maths" or "code"),
+"arithmetic", "maths", "code", "format".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from rl_lm.tasks.base import Problem
+
+#: Statuses that mean "the verifier could not decide"; episodes carrying them should be masked.
+VERIFIER_FAULTS = frozenset({"error", "timeout", "sandbox_error"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardResult:
+  """The score of one episode.
+
+  Attributes:
+    score: the reward (0.0 when not valid; never read as a real 0 then).
+    status: maths "ok" | "error" | "timeout"; code "passed" | "failed" | "syntax_error" | "runtime_error"
+      | "timeout" | "memory_limit" | "sandbox_error"; a composite takes its first component's status,
+      or the first invalid component's.
+    info: details (extracted answer, reason, sandbox detail, per-component results).
+    valid: False when the score must not be trusted (verifier fault or timeout); defaults to
+      `status not in VERIFIER_FAULTS`.
+  """
+
+  score: float
+  status: str
+  info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  valid: bool | None = None
+
+  def __post_init__(self) -> None:
+    if self.valid is None:
+      object.__setattr__(self, "valid", self.status not in VERIFIER_FAULTS)
+
+
+class Reward(Protocol):
+  """A reward function; `batch` may parallelise (the default is a loop)."""
+
+  name: str
+
+  def __call__(self, problem: Problem, completion: str) -> RewardResult: ...
+
+  def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]: ...
+
+
+class FunctionReward:
+  """Wraps a plain function `fn(problem, completion) -> RewardResult` as a `Reward`."""
+
+  def __init__(self, name: str, fn: Callable[[Problem, str], RewardResult], workers: int = 1) -> None:
+    self.name, self.fn, self.workers = name, fn, workers
+
+  def __call__(self, problem: Problem, completion: str) -> RewardResult:
+    try:
+      return self.fn(problem, completion)
+    except Exception as e:  # a crashing verifier is a verifier fault, reported as such
+      return RewardResult(0.0, "error", {"error": f"{type(e).__name__}: {e}"})
+
+  def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
+    if self.workers <= 1 or len(problems) <= 1:
+      return [self(p, c) for p, c in zip(problems, completions, strict=True)]
+    with ThreadPoolExecutor(self.workers) as pool:
+      return list(pool.map(self, problems, completions))
+
+
+_FACTORIES: dict[str, Callable[..., Reward]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
+  """Decorator: registers a reward factory under `name` (the factory takes keyword options)."""
+
+  def wrap(factory: Callable[..., Reward]) -> Callable[..., Reward]:
+    if name in _FACTORIES:
+      raise ValueError(f"reward {name!r} is already registered")
+    _FACTORIES[name] = factory
+    return factory
+
+  return wrap
+
+
+def known_rewards() -> list[str]:
+  """The registered reward names."""
+  return sorted(_FACTORIES)
+
+
+def make_reward(name: str, **options: Any) -> Reward:
+  """Builds the reward `name`; raises ValueError naming the known rewards if there is none."""
+  if name not in _FACTORIES:
+    raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+  return _FACTORIES[name](**options)
+
+
+class CompositeReward:
+  """Weighted sum of rewards; invalid if any component is invalid."""
+
+  name = "composite"
+
+  def __init__(self, components: Mapping[str, tuple[float, Reward]]) -> None:
+    if not components:
+      raise ValueError("a composite reward needs at least one component")
+    self.components = dict(components)
+
+  def _combine(self, parts: Mapping[str, RewardResult]) -> RewardResult:
+    score = sum(w * parts[n].score for n, (w, _) in self.components.items())
+    invalid = [n for n, r in parts.items() if not r.valid]
+    status = parts[invalid[0]].status if invalid else next(iter(parts.values())).status
+    info = {
+      "components": {n: {**r.info, "score": r.score, "status": r.status, "valid": r.valid} for n, r in parts.items()}
+    }
+    return RewardResult(0.0 if invalid else float(score), status, info, valid=not invalid)
+
+  def __call__(self, problem: Problem, completion: str) -> RewardResult:
+    return self._combine({n: r(problem, completion) for n, (_, r) in self.components.items()})
+
+  def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
+    columns = {n: r.batch(problems, completions) for n, (_, r) in self.components.items()}
+    return [self._combine({n: col[i] for n, col in columns.items()}) for i in range(len(problems))]
+
+
+def build_reward(
+  weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None
+) -> CompositeReward:
+  """A composite from a config mapping {name: weight}; `options[name]` are that reward's keyword options.
+
+  Example: `build_reward({"correctness": 1.0, "format": 0.1}, {"code": {"workers": 2, "timeout_s": 5}})`.
+  "correctness" passes `options` on to the per-task rewards it dispatches to.
+  """
+  options = options or {}
+  unknown = [n for n in weights if n not in _FACTORIES]
+  if unknown:
+    raise ValueError(f"unknown reward(s) {unknown}; known rewards: {', '.join(known_rewards())}")
+  comps = {}
+  for name, w in weights.items():
+    opts = dict(options.get(name, {}))
+    if name == "correctness":
+      opts.setdefault("options", options)
+    comps[name] = (float(w), make_reward(name, **opts))
+  return CompositeReward(comps)
+
+
+def score_batch(
+  problems: Sequence[Problem],
+  completions: Sequence[str],
+  reward: Reward | Mapping[str, float] | None = None,
+  options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[RewardResult]:
+  """Scores episodes; `reward` is a Reward, a {name: weight} mapping, or None for {"correctness": 1}."""
+  if len(problems) != len(completions):
+    raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+  if reward is None or isinstance(reward, Mapping):
+    reward = build_reward(reward or {"correctness": 1.0}, options)
+  return reward.batch(problems, completions)
+
+
+# --- task dispatch -------------------------------------------------------------------------------
+
+#: Which reward checks correctness for each task name.
+TASK_VERIFIERS = {"arithmetic": "arithmetic", "gsm8k": "maths", "maths": "maths", "humaneval": "code", "code": "code"}
+
+
+class CorrectnessReward:
+  """Dispatches each problem to its task's verifier (`TASK_VERIFIERS`), batching per verifier."""
+
+  name = "correctness"
+
+  def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    self._options = options or {}
+    self._rewards: dict[str, Reward] = {}
+
+  def _for(self, problem: Problem) -> Reward:
+    name = TASK_VERIFIERS.get(problem.task)
+    if name is None:
+      raise ValueError(f"no verifier for task {problem.task!r}; known tasks: {sorted(TASK_VERIFIERS)}")
+    if name not in self._rewards:
+      self._rewards[name] = make_reward(name, **self._options.get(name, {}))
+    return self._rewards[name]
+
+  def __call__(self, problem: Problem, completion: str) -> RewardResult:
+    try:
+      reward = self._for(problem)
+    except ValueError as e:  # no verifier for this task: a fault, not a 0
+      return RewardResult(0.0, "error", {"error": str(e)})
+    return reward(problem, completion)
+
+  def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(problems):
+      groups.setdefault(TASK_VERIFIERS.get(p.task, ""), []).append(i)
+    out: list[RewardResult | None] = [None] * len(problems)
+    for name, idx in groups.items():
+      if not name:
+        for i in idx:
+          out[i] = self(problems[i], completions[i])
+        continue
+      reward = self._for(problems[idx[0]])
+      for i, r in zip(idx, reward.batch([problems[i] for i in idx], [completions[i] for i in idx]), strict=True):
+        out[i] = r
+    return out  # type: ignore[return-value]
+
+
+register("correctness")(CorrectnessReward)

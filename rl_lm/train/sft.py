@@ -1,0 +1,98 @@
+"""Supervised fine-tuning: next-token loss on completion tokens only (the prompt is masked).
+
+Works from any task that yields (prompt, target) pairs: `Problem.prompt` and
+`task.reference_completion(problem)`. Sequences are `[bos] prompt target [eos]`, right-padded to
+`config.sft.max_len`; the loss counts the target and eos tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rl_lm import mesh as mesh_lib
+from rl_lm import tokenizer as tokenizer_lib
+from rl_lm.models import transformer
+from rl_lm.rl import losses
+from rl_lm.tasks.base import Problem, Task
+from rl_lm.train import state as state_lib
+from rl_lm.train.context import Context
+
+
+def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str]], max_len: int
+                    ) -> dict[str, np.ndarray]:
+  """(prompt, target) texts -> tokens [B, L], mask [B, L] (real tokens), loss_mask [B, L] (targets to predict).
+
+  A pair longer than `max_len` is cut at the end (its eos is lost); `truncated` counts them.
+  """
+  B = len(pairs)
+  tokens = np.full((B, max_len), tok.pad_id, np.int32)
+  mask = np.zeros((B, max_len), bool)
+  loss_mask = np.zeros((B, max_len), bool)
+  truncated = 0
+  for i, (prompt, target) in enumerate(pairs):
+    p = tokenizer_lib.encode_prompt(tok, prompt)
+    t = tok.encode(target) + [tok.eos_id]
+    ids = (p + t)[:max_len]
+    truncated += len(p) + len(t) > max_len
+    tokens[i, : len(ids)] = ids
+    mask[i, : len(ids)] = True
+    loss_mask[i, len(p): len(ids)] = True
+  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
+
+
+def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: int, seed: int
+            ) -> Iterator[dict[str, np.ndarray]]:
+  """Endless SFT batches from the task's training problems (a finite task is cycled, reshuffled per pass)."""
+
+  def problems() -> Iterator[Problem]:
+    for epoch in itertools.count():
+      yield from task.train_problems(None, seed=seed + epoch)
+
+  stream = problems()
+  while True:
+    chunk = list(itertools.islice(stream, batch_size))
+    yield encode_examples(tok, [(p.prompt, task.reference_completion(p)) for p in chunk], max_len)
+
+
+def sft_loss(model_cfg: Any):
+  """loss_fn(params, batch, rng) for `state.make_update_fn`: token-mean NLL of the targets."""
+
+  def loss_fn(params, batch, rng):
+    del rng
+    logits = transformer.forward(model_cfg, params, batch["tokens"], batch["mask"])  # [B, L, V]
+    loss, metrics = losses.token_nll(logits[:, :-1], batch["tokens"][:, 1:], batch["loss_mask"][:, 1:])
+    return loss, {f"sft/{k.split('/')[-1]}": v for k, v in metrics.items()}
+
+  return loss_fn
+
+
+def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str, float]:
+  """Runs `sft_cfg.steps` updates on `ctx.policy` and leaves the result there. Returns the last metrics."""
+  optimizer = state_lib.make_optimizer(sft_cfg.learning_rate, weight_decay=sft_cfg.weight_decay,
+                                       warmup_steps=sft_cfg.warmup_steps, total_steps=sft_cfg.steps)
+  shardings = state_lib.state_shardings(optimizer, jax.eval_shape(lambda: ctx.policy), ctx.param_shardings, ctx.mesh)
+  state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
+  update = state_lib.make_update_fn(sft_loss(ctx.model_cfg), optimizer, shardings, ctx.mesh, ctx.rules)
+  data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed)
+  key = jax.random.fold_in(ctx.key, 1)
+  start, metrics = time.perf_counter(), {}
+  for step in range(sft_cfg.steps):
+    batch = next(data)
+    truncated = int(batch.pop("truncated"))
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
+    state, m = update(state, batch, jax.random.fold_in(key, step))
+    if (step + 1) % sft_cfg.log_every == 0 or step + 1 == sft_cfg.steps:
+      metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+      metrics["sft/truncated"] = truncated
+      rate = (step + 1) / (time.perf_counter() - start)
+      eta = (sft_cfg.steps - step - 1) / max(rate, 1e-9)
+      log(f"sft step {step + 1}/{sft_cfg.steps} | {rate:.1f} steps/s | ETA {eta:.0f}s | "
+          f"loss {metrics['train/loss']:.4f} | token acc {metrics.get('sft/accuracy', float('nan')):.3f}")
+  ctx.policy = state.params
+  return metrics
