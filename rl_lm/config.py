@@ -67,6 +67,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.name = "arithmetic"  # arithmetic | gsm8k | humaneval
   c.task.levels = (1, 2, 3)  # arithmetic difficulty levels in play
   c.task.worked = False  # arithmetic: SFT targets show one operation per line before the answer
+  c.task.test_fraction = 0.1  # arithmetic: share of expressions (by hash) held out for evaluation
+  c.task.decimal_demos = 0.0  # arithmetic: share of SFT targets written "33.0" (imperfect demonstrations)
   c.task.data_dir = ""  # gsm8k / humaneval: folder of the JSONL files ("" = ../shared/data/<task>)
   c.task.template = "plain"  # gsm8k prompt template: plain | chat | chat_cot | a string with {question}
   c.task.pool_size = 4000  # training prompts the curriculum draws from (procedural tasks)
@@ -275,6 +277,8 @@ def _check_task(config: Any, num_devices: int) -> None:
              f"unknown arithmetic levels {bad or list(t.levels)}; known: {sorted(LEVELS)}")
   from rl_lm.tasks.gsm8k import TEMPLATES
 
+  _require(0.0 < t.test_fraction < 1.0, "config.task.test_fraction", f"must be in (0, 1), got {t.test_fraction}")
+  _require(0.0 <= t.decimal_demos <= 1.0, "config.task.decimal_demos", f"must be in [0, 1], got {t.decimal_demos}")
   _require(t.template in TEMPLATES or "{question}" in t.template, "config.task.template",
            f"must be one of {sorted(TEMPLATES)} or a string containing '{{question}}', got {t.template!r}")
   if t.data_dir:

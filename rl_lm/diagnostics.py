@@ -34,30 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_lm.rl import masked
+
 Array = Any  # jax.Array or np.ndarray
 
 
 def _f32(x: Array) -> jax.Array:
   return jnp.asarray(x, jnp.float32)
-
-
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-  """Mean of x over mask; 0 when the mask is empty. Masked-out entries may hold anything, even inf."""
-  mask = mask.astype(bool)
-  total = jnp.sum(jnp.where(mask, x, 0.0))
-  return total / jnp.maximum(jnp.sum(mask), 1)
-
-
-def _masked_max(x: jax.Array, mask: jax.Array) -> jax.Array:
-  """Max of x over mask; 0 when the mask is empty."""
-  mask = mask.astype(bool)
-  return jnp.where(jnp.any(mask), jnp.max(jnp.where(mask, x, -jnp.inf)), 0.0)
-
-
-def _masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
-  """Population variance of x over mask (two-pass); 0 when the mask is empty."""
-  mean = _masked_mean(x, mask)
-  return _masked_mean(jnp.square(jnp.where(mask, x - mean, 0.0)), mask)
 
 
 def rollout_metrics(
@@ -117,10 +100,10 @@ def rollout_metrics(
   m: dict[str, jax.Array] = {}
 
   # Episodes.
-  m["rollout/reward_mean"] = _masked_mean(scores, valid)
-  m["rollout/reward_std"] = jnp.sqrt(_masked_var(scores, valid))
+  m["rollout/reward_mean"] = masked.masked_mean(scores, valid)
+  m["rollout/reward_std"] = jnp.sqrt(masked.masked_var(scores, valid))
   if success is not None:
-    m["rollout/pass_rate"] = _masked_mean(_f32(jnp.asarray(success, bool)), valid)
+    m["rollout/pass_rate"] = masked.masked_mean(_f32(jnp.asarray(success, bool)), valid)
   m["rollout/response_length_mean"] = jnp.mean(lengths) if b else jnp.float32(0)
   m["rollout/response_length_max"] = jnp.max(lengths, initial=0.0)
   if truncated is None and max_new_tokens is not None:
@@ -150,27 +133,27 @@ def rollout_metrics(
   if policy_logp is not None and ref_logprobs is not None:
     logp, ref = _f32(policy_logp), _f32(ref_logprobs)
     d = jnp.where(mask, ref - logp, 0.0)  # log(pi_ref / pi); zeroed off-mask so exp cannot overflow there
-    m["policy/kl_ref_k1"] = _masked_mean(-d, mask)
-    m["policy/kl_ref_k3"] = _masked_mean(jnp.exp(d) - 1.0 - d, mask)
+    m["policy/kl_ref_k1"] = masked.masked_mean(-d, mask)
+    m["policy/kl_ref_k3"] = masked.masked_mean(jnp.exp(d) - 1.0 - d, mask)
   if entropy is not None:
-    m["policy/entropy"] = _masked_mean(_f32(entropy), mask)
+    m["policy/entropy"] = masked.masked_mean(_f32(entropy), mask)
 
   # Sampler vs trainer: log r = trainer - sampler; k3 estimate of KL(sampler || trainer) = E_sampler[r - 1 - log r].
   if logprobs is not None and sampler_logprobs is not None:
     log_r = jnp.where(mask, _f32(logprobs) - _f32(sampler_logprobs), 0.0)
-    m["offpolicy/logprob_gap_mean_abs"] = _masked_mean(jnp.abs(log_r), mask)
-    m["offpolicy/logprob_gap_max"] = _masked_max(jnp.abs(log_r), mask)
-    m["offpolicy/sampler_trainer_kl"] = _masked_mean(jnp.exp(log_r) - 1.0 - log_r, mask)
+    m["offpolicy/logprob_gap_mean_abs"] = masked.masked_mean(jnp.abs(log_r), mask)
+    m["offpolicy/logprob_gap_max"] = masked.masked_max(jnp.abs(log_r), mask)
+    m["offpolicy/sampler_trainer_kl"] = masked.masked_mean(jnp.exp(log_r) - 1.0 - log_r, mask)
   if is_weights is not None:
     w = _f32(is_weights)
-    m["offpolicy/is_weight_mean"] = _masked_mean(w, mask)
-    m["offpolicy/is_weight_max"] = _masked_max(w, mask)
+    m["offpolicy/is_weight_mean"] = masked.masked_mean(w, mask)
+    m["offpolicy/is_weight_max"] = masked.masked_max(w, mask)
 
   # Value model.
   if values is not None and returns is not None:
     ret, val = _f32(returns), _f32(values)
-    var_ret = _masked_var(ret, mask)
-    var_err = _masked_var(ret - val, mask)
+    var_ret = masked.masked_var(ret, mask)
+    var_err = masked.masked_var(ret - val, mask)
     m["value/explained_variance"] = jnp.where(var_ret > 1e-8, 1.0 - var_err / jnp.maximum(var_ret, 1e-8), 0.0)
 
   return {k: jnp.asarray(v, jnp.float32) for k, v in m.items()}

@@ -6,6 +6,7 @@ runs `config.stages` in order. The work lives in rl_lm/train/.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -32,6 +33,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> None:
   del argv
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" is not news on a CPU
   from rl_lm import config as config_lib
   from rl_lm.train import stages
   from rl_lm.train.context import make_context

@@ -28,16 +28,27 @@ def layers(sandbox):
   return set(sandbox.run(CodeJob(ADD, PROBE_TESTS, "add")).layers)
 
 
-def _sandbox_processes() -> list[str]:
-  """Processes owned by a sandbox uid (they must all be gone after each run)."""
-  out = []
-  for pid in os.listdir("/proc"):
-    try:
-      if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid >= 1_000_000:
-        out.append(pid)
-    except OSError:
-      pass
-  return out
+def _sandbox_processes(grace_s: float = 5.0) -> list[str]:
+  """Processes owned by a sandbox uid that outlive `grace_s` (they must all be gone after each run).
+
+  The kernel tears a killed PID namespace down asynchronously, so a process can still be listed for
+  a moment after its sandbox returned; only one that stays past the grace period is a leak.
+  """
+
+  def listed() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+      try:
+        if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid >= 1_000_000:
+          out.append(pid)
+      except OSError:
+        pass
+    return out
+
+  deadline = time.monotonic() + grace_s
+  while (left := listed()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return left
 
 
 @pytest.mark.parametrize(

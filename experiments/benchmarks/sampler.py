@@ -1,7 +1,7 @@
 """Sampler benchmark: decode tokens/s, and the cost of one in-loop decode step relative to a bare
 jitted single-token cached forward of the same batch, both measured in this run.
 
-  python experiments/benchmarks/sampler.py [--shapes=fixed,large] [--repeats=5]
+  python -m experiments.benchmarks.sampler [--shapes=fixed,large] [--repeats=5]
 
 In-loop step cost: the same compiled `generate` is run with every row's budget at N and at 1
 (the loop exits after prefill); the difference over N - 1 steps is one decode step inside the

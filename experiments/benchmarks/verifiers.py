@@ -1,6 +1,6 @@
 """Verifier throughput: maths (GSM8K), code (HumanEval, 1 and 2 workers), and the sandbox's fixed cost.
 
-    python experiments/benchmarks/verifiers.py [--json=out.json] [--fixed_cost_runs=40]
+    python -m experiments.benchmarks.verifiers [--json=out.json] [--fixed_cost_runs=40]
 
 Prints a markdown table. The fixed cost is the mean wall time of one trivial program through the
 sandbox minus that of a bare `python -c pass`, both measured here, sequentially, in the same run.

@@ -193,7 +193,10 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
 
 
 def _embed(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
-  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+  # The lookup gathers whole rows: gather the vocab-sharded table first, so the partitioner need
+  # not replicate the gathered activations (which it can only do by a full rematerialisation).
+  table = constrain(params["embed"], (None, "embed"))  # [V, D]
+  x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
   return constrain(x, ("batch", "length", "embed"))
 
 

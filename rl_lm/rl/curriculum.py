@@ -129,7 +129,7 @@ class Curriculum:
   def load_state_dict(self, state: dict[str, Any]) -> None:
     if list(state["ids"]) != [p.id for p in self.pool]:
       raise ValueError("curriculum state was saved for a different pool of problems")
-    self.alpha, self.beta = np.asarray(state["alpha"], float), np.asarray(state["beta"], float)
-    self.attempts, self.retired = np.asarray(state["attempts"], np.int64), np.asarray(state["retired"], bool)
+    self.alpha, self.beta = np.array(state["alpha"], float), np.array(state["beta"], float)  # copies
+    self.attempts, self.retired = np.array(state["attempts"], np.int64), np.array(state["retired"], bool)
     self.open_levels = int(state["open_levels"])
     self.rng.bit_generator.state = state["rng"]

@@ -228,16 +228,21 @@ class ArithmeticTask:
   name = TASK_NAME
 
   def __init__(
-    self, levels: Sequence[int] = tuple(LEVELS), test_fraction: float = 0.1, worked: bool = False
+    self, levels: Sequence[int] = tuple(LEVELS), test_fraction: float = 0.1, worked: bool = False,
+    decimal_demos: float = 0.0, seed: int = 0,
   ) -> None:
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown or not levels:
       raise ValueError(f"unknown arithmetic levels {unknown or levels}; known: {sorted(LEVELS)}")
     if not 0.0 < test_fraction < 1.0:
       raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= decimal_demos <= 1.0:
+      raise ValueError(f"decimal_demos must be in [0, 1], got {decimal_demos}")
     self.levels = tuple(levels)
     self.test_fraction = test_fraction
     self.worked = worked
+    self.decimal_demos = decimal_demos
+    self._demo_rng = random.Random(f"rl_lm/arithmetic/demos/{seed}")
 
   def make_problem(self, expr: str, level: int) -> Problem:
     """The problem for a given expression (the caller vouches for its level)."""
@@ -288,5 +293,12 @@ class ArithmeticTask:
     return out
 
   def reference_completion(self, problem: Problem) -> str:
-    """The SFT target: the bare answer, or the worked form when `worked` is set."""
+    """The SFT target: the bare answer, or the worked form when `worked` is set.
+
+    With `decimal_demos` = f, a fraction f of the targets (drawn afresh at every call, from a seeded
+    generator) write the final answer as a decimal, "33.0": imperfect demonstrations in a style the
+    exact verifier rejects, which SFT imitates and RL against the verifier can unlearn.
+    """
+    if self.decimal_demos and self._demo_rng.random() < self.decimal_demos:
+      return problem.reference + ".0"
     return problem.reference

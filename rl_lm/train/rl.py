@@ -47,7 +47,8 @@ def task_from_config(config: Any) -> Task:
   """The task named by `config.task`, with the options that task takes."""
   t = config.task
   if t.name == "arithmetic":
-    return make_task("arithmetic", levels=tuple(t.levels), worked=t.worked)
+    return make_task("arithmetic", levels=tuple(t.levels), worked=t.worked, test_fraction=t.test_fraction,
+                     decimal_demos=t.decimal_demos, seed=config.seed)
   options: dict[str, Any] = {}
   if t.data_dir:
     options["data_dir"] = t.data_dir
@@ -173,7 +174,8 @@ class RLTrainer:
       value_sh = state_lib.state_shardings(self.value_opt, abstract, v_shardings, ctx.mesh)
       value_state = state_lib.create(value_params, self.value_opt, ctx.mesh, v_shardings)
     rep = mesh_lib.replicated(ctx.mesh)
-    self.state = rl_update.RLState(policy_state, value_state, kl_lib.init_kl_state(rl.kl.coef))
+    kl_state = jax.device_put(kl_lib.init_kl_state(rl.kl.coef), rep)  # placed as update_fn returns it: one compile
+    self.state = rl_update.RLState(policy_state, value_state, kl_state)
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules)
@@ -183,8 +185,12 @@ class RLTrainer:
 
   def _rollout(self, problems: list[Problem], rng: jax.Array) -> Batch:
     rows = [p for p in problems for _ in range(self.G)]
+    t0 = time.perf_counter()
     out = self.sampler.sample(self.state.policy.params, [p.prompt for p in rows], rng)
+    t1 = time.perf_counter()
     results = self.reward.batch(rows, out["texts"])
+    self._timings["sampling"] += t1 - t0
+    self._timings["scoring"] += time.perf_counter() - t1
     scores = np.asarray([r.score for r in results], np.float32)
     valid = np.asarray([r.valid for r in results], bool)
     success = valid & (scores >= self.config.reward.success_threshold)
@@ -199,6 +205,7 @@ class RLTrainer:
     key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
     batch = self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, 0))
     zero_var = np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.scores), G, jnp.asarray(batch.valid)))
+    # The fraction in the first draw: what a run without dynamic sampling would have trained on.
     stats = {"groups/zero_variance_frac": float(zero_var.mean()), "dynamic/extra_rollouts": 0.0}
     self._seen = [batch]
     if not self.rl.dynamic_sampling:
@@ -228,10 +235,8 @@ class RLTrainer:
     return jax.device_put(x, mesh_lib.batch_sharding(self.ctx.mesh, self.ctx.rules, x.shape))
 
   def train_step(self, step: int) -> dict[str, float]:
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    timings = self._timings = {"sampling": 0.0, "scoring": 0.0}
     batch, stats = self.collect(step)
-    timings["sampling"] = time.perf_counter() - t0  # includes scoring; split below
     r = batch.rollout
     tokens, comp = r["tokens"], r["completion_mask"]
     attn = r["prompt_mask"] | comp
@@ -267,18 +272,20 @@ class RLTrainer:
       self.state.kl, kl_now, 1, adaptive=self.rl.kl.adaptive, target=self.rl.kl.target, horizon=self.rl.kl.horizon))
     for seen in self._seen:
       self._update_curriculum(seen)
-    metrics = dict(stats)
-    metrics.update(diagnostics.rollout_metrics(
+    metrics = diagnostics.rollout_metrics(
       completion_mask=comp, scores=batch.scores, valid=batch.valid, success=batch.success, group_size=self.G,
       sampler_logprobs=r["logprobs"], logprobs=prepared["old_logp"], ref_logprobs=prepared["ref_logp"],
       entropy=prepared["entropy"], truncated=~r["finished"], lengths=r["lengths"],
-      values=data.get("old_values"), returns=data.get("returns"), is_weights=is_w if self.rl.tis_cap > 0 else None))
+      values=data.get("old_values"), returns=data.get("returns"), is_weights=is_w if self.rl.tis_cap > 0 else None)
     metrics = {k: float(v) for k, v in metrics.items()}
+    if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
+      metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
+    metrics.update(stats)
     metrics.update(tis_metrics)
     metrics.update(update_metrics)
     metrics.update(self.curriculum.metrics())
     metrics["policy/kl_coef"] = float(self.state.kl.coef)
-    metrics["rollout/verifier_errors"] = float((~batch.valid).sum())
+    metrics["rollout/verifier_errors"] = float(sum((~b.valid).sum() for b in self._seen))  # dropped groups too
     n_tokens = int(sum(b.rollout["lengths"].sum() for b in self._seen))
     metrics.update(diagnostics.perf_metrics(timings, n_tokens))
     return metrics
@@ -321,7 +328,9 @@ class RLTrainer:
 
   def evaluate(self, step: int, label: str) -> evaluation.EvalResult:
     cfg = self.config.eval
-    key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 5), step)
+    # The same key at every evaluation (common random numbers): before/after differences reflect the
+    # policy, not a fresh draw of sampling noise.
+    key = jax.random.fold_in(self.ctx.key, 5)
     params = self.state.policy.params
 
     def sample_fn(prompts: list[str], n: int) -> list[list[str]]:
