@@ -120,7 +120,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.kl.coef = 0.01
   c.rl.kl.adaptive = False  # Ziegler et al. (2019) proportional controller towards target
   c.rl.kl.target = 0.05
-  c.rl.kl.horizon = 10000
+  c.rl.kl.horizon = 10000  # in episodes: the adaptive coefficient moves by at most 20% per horizon
   c.rl.value = ml_collections.ConfigDict()  # ppo only
   c.rl.value.learning_rate = 1e-3
   c.rl.value.coef = 0.5

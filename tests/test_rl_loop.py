@@ -377,9 +377,15 @@ def test_rl_raises_the_training_reward(algorithm, tmp_path):
 # Compilation
 
 
-def test_update_compiles_once(tmp_path):
-  trainer = RLTrainer(make_ctx(smoke_config(), (1, 1, 1), str(tmp_path)), log=lambda _: None)
+@pytest.mark.parametrize("rl", [{}, {"algorithm": "ppo", "kl__placement": "reward", "kl__adaptive": True}],
+                         ids=["grpo", "ppo-adaptive-kl"])
+def test_update_compiles_once(tmp_path, rl):
+  trainer = RLTrainer(make_ctx(smoke_config(**rl), (1, 1, 1), str(tmp_path)), log=lambda _: None)
+  coefs = []
   for step in (1, 2, 3):
     trainer.train_step(step)
+    coefs.append(float(trainer.state.kl.coef))
   assert trainer.update_fn._cache_size() == 1
   assert trainer.prepare_fn._cache_size() == 1
+  if rl:  # the adaptive controller moved the coefficient (n_steps counts the step's episodes)
+    assert coefs[0] != coefs[-1]

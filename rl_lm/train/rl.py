@@ -173,7 +173,7 @@ class RLTrainer:
       value_params = jax.jit(init, out_shardings=v_shardings)(jax.random.fold_in(ctx.key, 2))
       value_sh = state_lib.state_shardings(self.value_opt, abstract, v_shardings, ctx.mesh)
       value_state = state_lib.create(value_params, self.value_opt, ctx.mesh, v_shardings)
-    rep = mesh_lib.replicated(ctx.mesh)
+    rep = self._replicated = mesh_lib.replicated(ctx.mesh)
     kl_state = jax.device_put(kl_lib.init_kl_state(rl.kl.coef), rep)  # placed as update_fn returns it: one compile
     self.state = rl_update.RLState(policy_state, value_state, kl_state)
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
@@ -268,8 +268,10 @@ class RLTrainer:
 
     # KL controller, curriculum, diagnostics.
     kl_now = float(np.sum((prepared["old_logp"] - prepared["ref_logp"]) * mask) / max(mask.sum(), 1))  # k1
-    self.state = self.state._replace(kl=kl_lib.update_kl_state(
-      self.state.kl, kl_now, 1, adaptive=self.rl.kl.adaptive, target=self.rl.kl.target, horizon=self.rl.kl.horizon))
+    # The controller's n_steps and horizon count episodes (Ziegler et al. 2019), B of them per step.
+    kl_state = kl_lib.update_kl_state(self.state.kl, kl_now, self.B, adaptive=self.rl.kl.adaptive,
+                                      target=self.rl.kl.target, horizon=self.rl.kl.horizon)
+    self.state = self.state._replace(kl=jax.device_put(kl_state, self._replicated))  # same placement: no recompile
     for seen in self._seen:
       self._update_curriculum(seen)
     metrics = diagnostics.rollout_metrics(
