@@ -104,6 +104,12 @@ class Batch:
       np.concatenate([b.success for b in parts]), [s for b in parts for s in b.statuses])
 
 
+# The run-health curves drawn at the end of a run (curves.png in the workdir).
+CURVES = ("rollout/reward_mean", "rollout/pass_rate", "policy/kl_ref_k3", "policy/entropy",
+          "rollout/response_length_mean", "groups/zero_variance_frac", "offpolicy/logprob_gap_mean_abs",
+          "train/grad_norm", "perf/tokens_per_s")
+
+
 class RLTrainer:
   """Holds one RL run's objects; `run()` is the loop."""
 
@@ -355,7 +361,10 @@ class RLTrainer:
 
   def run(self) -> dict[str, Any]:
     rl, workdir = self.rl, self.ctx.workdir
-    writer = metrics_lib.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
+    path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(path):  # a fresh run (resume arrives with checkpoints): start the file anew
+      os.replace(path, path + ".previous")
+    writer = metrics_lib.JsonlWriter(path)
     progress = metrics_lib.ConsoleProgress(rl.steps, every=rl.log_every)
     before = self.evaluate(0, "before RL")
     self.log(f"rl: before RL: {_eval_line(before)}")
@@ -376,6 +385,8 @@ class RLTrainer:
     writer.close()
     curves["after RL"] = after.pass_at_k
     evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
+    metrics_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), CURVES, os.path.join(workdir, "curves.png"),
+                            title=f"{rl.algorithm} on {self.config.task.name}")
     self.log(f"rl: after RL:  {_eval_line(after)}")
     self.log(f"rl: {evaluation.compare(before, after)}")
     summary = {"before": before.to_json(), "after": after.to_json()}
