@@ -284,7 +284,7 @@ class RLTrainer:
       completion_mask=comp, scores=batch.scores, valid=batch.valid, success=batch.success, group_size=self.G,
       sampler_logprobs=r["logprobs"], logprobs=prepared["old_logp"], ref_logprobs=prepared["ref_logp"],
       entropy=prepared["entropy"], truncated=~r["finished"], lengths=r["lengths"],
-      values=data.get("old_values"), returns=data.get("returns"), is_weights=is_w if self.rl.tis_cap > 0 else None)
+      values=data.get("old_values"), returns=data.get("returns"))  # IS-weight statistics come from tis_metrics
     metrics = {k: float(v) for k, v in metrics.items()}
     if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
