@@ -119,7 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.kl.estimator = "k3"  # k1 | k2 | k3
   c.rl.kl.coef = 0.01
   c.rl.kl.adaptive = False  # Ziegler et al. (2019) proportional controller towards target
-  c.rl.kl.target = 0.05
+  c.rl.kl.target = 0.05  # per-token KL (mean k1 over completion tokens) the adaptive controller aims at
   c.rl.kl.horizon = 10000  # in episodes: the adaptive coefficient moves by at most 20% per horizon
   c.rl.value = ml_collections.ConfigDict()  # ppo only
   c.rl.value.learning_rate = 1e-3
@@ -349,6 +349,11 @@ def _check_rl(config: Any, num_devices: int) -> None:
   _require(r.kl.estimator in ("k1", "k2", "k3"), "config.rl.kl.estimator", f"must be k1, k2 or k3, got "
            f"{r.kl.estimator!r}")
   _require(r.kl.coef >= 0, "config.rl.kl.coef", f"must be >= 0, got {r.kl.coef}")
+  if r.algorithm in ("grpo", "dr_grpo", "rloo"):
+    _require(r.kl.placement != "reward", "config.rl.kl.placement",
+             f"{r.algorithm} scores whole sequences; put the KL in the loss ('loss') or turn it off ('none')")
+  _require(not config.sampling.greedy, "config.sampling.greedy",
+           "RL needs sampled completions (greedy ones have no log-prob ratio and every group zero variance)")
   _require(r.kl.target > 0, "config.rl.kl.target", f"must be > 0, got {r.kl.target}")
   _require(r.kl.horizon > 0, "config.rl.kl.horizon", f"must be > 0, got {r.kl.horizon}")
   if r.algorithm == "ppo":

@@ -46,6 +46,8 @@ BAD = [
   (DEFAULT, ["--config.task.levels=(1,9)"], "config.task.levels"),
   (DEFAULT, ["--config.task.data_dir=no/such/dir"], "config.task.data_dir"),
   (DEFAULT, ["--config.reward.weights.helpfulness=1.0"], "config.reward.weights.helpfulness"),
+  (DEFAULT, ["--config.rl.kl.placement=reward"], "config.rl.kl.placement"),  # grpo has no per-token reward
+  (DEFAULT, ["--config.sampling.greedy=True"], "config.sampling.greedy"),  # RL needs sampled completions
 ]
 
 

@@ -205,12 +205,22 @@ class RLTrainer:
                                          self.rl.overlong_penalty)
     return Batch(rows, out, scores, valid, success, [r.status for r in results])
 
+  def _train_valid(self, batch: Batch) -> np.ndarray:
+    """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
+    finished = batch.rollout["finished"] if self.rl.overlong == "mask" else True
+    return batch.valid & finished
+
+  def _zero_variance(self, batch: Batch) -> np.ndarray:
+    """Groups whose training rows all scored the same (no signal). [groups]"""
+    return np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.scores), self.G,
+                                                  jnp.asarray(self._train_valid(batch))))
+
   def collect(self, step: int) -> tuple[Batch, dict[str, float]]:
     """One step's episodes; with dynamic sampling, zero-variance groups are replaced by fresh ones."""
     P, G = self.rl.prompts_per_step, self.G
     key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
     batch = self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, 0))
-    zero_var = np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.scores), G, jnp.asarray(batch.valid)))
+    zero_var = self._zero_variance(batch)
     # The fraction in the first draw: what a run without dynamic sampling would have trained on.
     stats = {"groups/zero_variance_frac": float(zero_var.mean()), "dynamic/extra_rollouts": 0.0}
     self._seen = [batch]
@@ -224,7 +234,7 @@ class RLTrainer:
         break
       more = self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, extra + 1))
       self._seen.append(more)
-      zv = np.asarray(adv_lib.group_zero_variance(jnp.asarray(more.scores), G, jnp.asarray(more.valid)))
+      zv = self._zero_variance(more)
       kept.append(more.take_groups([g for g in range(P) if not zv[g]], G))
       dropped.append(more.take_groups([g for g in range(P) if zv[g]], G))
       n_kept += int((~zv).sum())
@@ -251,7 +261,7 @@ class RLTrainer:
     prepared = self.prepare_fn(self.state.policy.params, self.reference, value_params, self._device(tokens),
                                self._device(attn))
     prepared = jax.device_get(prepared)
-    train_valid = batch.valid & (r["finished"] if self.rl.overlong == "mask" else True)
+    train_valid = self._train_valid(batch)
     adv = rl_update.compute_advantages(self.rl, batch.scores, train_valid, comp, prepared, float(self.state.kl.coef))
     if self.rl.tis_cap > 0:
       is_w, tis_metrics = losses.truncated_is_weights(jnp.asarray(prepared["old_logp"]), jnp.asarray(r["logprobs"]),
@@ -325,7 +335,8 @@ class RLTrainer:
         self.state, met = self.update_fn(self.state, mb, jax.random.fold_in(key, epoch * n_mb + j))
         collected.append(met)
     collected = jax.device_get(collected)
-    out = {k: float(np.mean([c[k] for c in collected])) for k in collected[0]}
+    out = {k: float((np.max if rl_update.is_max_metric(k) else np.mean)([c[k] for c in collected]))
+           for k in collected[0]}
     out["train/skipped"] = float(np.sum([c["train/skipped"] for c in collected]))
     return out
 

@@ -102,6 +102,11 @@ def compute_advantages(rl: Any, scores: np.ndarray, valid: np.ndarray, mask: np.
 # The update
 
 
+def is_max_metric(key: str) -> bool:
+  """Metrics that combine across micro-batches and minibatches by max rather than by (weighted) mean."""
+  return key.endswith("_max")
+
+
 def micro_weights(mask: np.ndarray, mode: str) -> np.ndarray:
   """Weights of the micro-batches [A, m, T] of one minibatch, so that the weighted sum of their
   aggregated losses is the minibatch's aggregated loss exactly. -> [A]."""
@@ -147,7 +152,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     if is_ppo:
       v = token_values(cfg, value, mb["tokens"], mb["attn_mask"])
       vloss, vmetrics = losses.value_loss(v, mb["old_values"], mb["returns"], mask, clip=rl.value.clip or None,
-                                          mode=rl.loss_mode)
+                                          mode=rl.loss_mode, norm_constant=norm_constant)
       loss = loss + rl.value.coef * vloss
       metrics.update(vmetrics)
       metrics["value/loss"] = vloss
@@ -166,7 +171,9 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       scaled = jax.tree.map(lambda g: g * w, grads)
       acc_grads, acc_metrics = acc
       acc_grads = jax.tree.map(jnp.add, acc_grads, scaled)
-      acc_metrics = jax.tree.map(lambda a, m: a + w * m, acc_metrics, dict(metrics, **{"train/loss": loss}))
+      metrics = dict(metrics, **{"train/loss": loss})
+      acc_metrics = {k: jnp.maximum(a, metrics[k]) if is_max_metric(k) else a + w * metrics[k]
+                     for k, a in acc_metrics.items()}
       return (acc_grads, acc_metrics), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, params)
