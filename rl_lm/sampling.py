@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from rl_lm import mesh as mesh_lib
 from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
+from rl_lm.rl import losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,8 +240,7 @@ def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, t
   """
   mask = rollout.prompt_mask | rollout.completion_mask
   logits = transformer.forward(model_cfg, params, rollout.tokens, mask)[:, :-1] / temperature  # predicts t+1
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  taken = jnp.take_along_axis(logp, rollout.tokens[:, 1:, None], axis=-1)[..., 0]
+  taken = losses.token_logprobs(logits, rollout.tokens[:, 1:])  # the trainer's own function
   taken = jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken], axis=1)
   return jnp.where(rollout.completion_mask, taken, 0.0)
 

@@ -359,10 +359,7 @@ class RLTrainer:
     def greedy_fn(prompts: list[str]) -> list[str]:
       return self.greedy_sampler.sample(params, prompts, key)["texts"]
 
-    def correct_fn(problem: Problem, completion: str) -> bool | None:
-      res = self.correctness(problem, completion)
-      return None if not res.valid else res.score >= 1.0
-
+    correct_fn = evaluation.correct_from_reward(self.correctness)  # verifier faults: excluded, counted
     result = evaluation.evaluate(self.test_problems, sample_fn, correct_fn, cfg.num_samples,
                                  greedy_fn=greedy_fn if cfg.greedy else None)
     evaluation.write_eval(result, self.ctx.workdir, step, label=label)
