@@ -20,6 +20,7 @@ STAGES = ("sample", "sft", "rl")  # grows with the trainers: reward_model, dpo
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 DTYPES = ("float32", "bfloat16")
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 class ConfigError(ValueError):
@@ -36,6 +37,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0  # every random stream is fold_in(key(seed), ...)
   c.stages = ("sample",)  # run in order; see rl_lm.config.STAGES
   c.tokenizer = "char"  # "char" (built-in tasks) or "hf" (from model.hf_checkpoint)
+  c.stop_after_nonfinite = 5  # consecutive skipped updates (NaN/inf loss or gradients) that stop the run
+
+  c.checkpoint = ml_collections.ConfigDict()  # under <workdir>/checkpoints/<stage>/<step>/
+  c.checkpoint.every = 50  # steps between saves in a training stage (sft, rl), which also saves at its end
+  c.checkpoint.keep = 3  # the last this-many checkpoints of a stage are kept
+  c.checkpoint.async_save = True  # write in the background while training goes on
+  c.checkpoint.resume = True  # a workdir that holds checkpoints resumes from the latest; False: refuse it
+
+  c.logging = ml_collections.ConfigDict()  # metrics.jsonl and the console line are always written
+  c.logging.tensorboard = False  # also TensorBoard event files under <workdir>/tensorboard/<stage>
+  c.logging.wandb_mode = "offline"  # offline (sync later with `wandb sync`) | online | disabled
+  c.logging.wandb_project = "rl_lm"
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"  # a name in rl_lm.models.presets
@@ -86,6 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.warmup_steps = 30
   c.sft.weight_decay = 0.0
   c.sft.log_every = 50
+  c.sft.init_from = ""  # a checkpoint folder (<workdir>/checkpoints/<stage> of a run, or one step in it) to start from
 
   c.rl = ml_collections.ConfigDict()  # the "rl" stage: one loop for PPO and the GRPO family
   c.rl.algorithm = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ppo
@@ -143,6 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.alarms.logprob_gap_max = 0.1
   c.rl.alarms.zero_variance_max = 0.8
   c.rl.log_every = 1
+  c.rl.init_from = ""  # a checkpoint folder whose policy starts RL (e.g. <run>/checkpoints/sft); "": the stage before
 
   c.eval = ml_collections.ConfigDict()  # held-out evaluation: before RL, every `every` steps, after
   c.eval.every = 0  # 0: only before and after
@@ -257,6 +272,21 @@ def _check_top(config: Any, num_devices: int) -> None:
   if config.tokenizer == "hf":
     _require(bool(config.model.hf_checkpoint), "config.model.hf_checkpoint",
              "required by config.tokenizer='hf' (the tokenizer is read from the checkpoint)")
+
+
+def _check_run(config: Any, num_devices: int) -> None:
+  _positive_int(config, "stop_after_nonfinite")
+  ck = config.checkpoint
+  _require(isinstance(ck.every, int) and ck.every >= 0, "config.checkpoint.every",
+           f"must be >= 0 (0: only at the end of a stage), got {ck.every!r}")
+  _positive_int(config, "checkpoint.keep")
+  lg = config.logging
+  _require(lg.wandb_mode in WANDB_MODES, "config.logging.wandb_mode", f"must be one of {WANDB_MODES}, got "
+           f"{lg.wandb_mode!r}")
+  for stage in ("sft", "rl"):
+    path = config[stage].init_from
+    if path and stage in config.stages:
+      _require(os.path.isdir(path), f"config.{stage}.init_from", f"no such checkpoint folder {path!r}")
 
 
 def _model_max_len(config: Any) -> int | None:
@@ -378,7 +408,7 @@ def _check_rl(config: Any, num_devices: int) -> None:
 
 
 # Section checks in order; the stage checks run only for stages the run includes.
-CHECKS: list[Callable[[Any, int], None]] = [_check_top, _check_model, _check_mesh, _check_sampling]
+CHECKS: list[Callable[[Any, int], None]] = [_check_top, _check_run, _check_model, _check_mesh, _check_sampling]
 STAGE_CHECKS: dict[str, list[Callable[[Any, int], None]]] = {
   "sample": [_check_sample_stage],
   "sft": [_check_task, _check_sft],

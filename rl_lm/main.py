@@ -55,6 +55,7 @@ def main(argv: list[str]) -> None:
   for name in config.stages:
     print(f"rl_lm: stage {name}", flush=True)
     stages.STAGES[name](ctx)
+  metrics.write_done(_WORKDIR.value, list(config.stages))
 
 
 if __name__ == "__main__":

@@ -344,6 +344,15 @@ def write_run_info(workdir: str | os.PathLike, config_dict: Any) -> Path:
 # ---------------------------------------------------------------------------------------------- plots
 
 
+def write_done(workdir: str | os.PathLike, stages: Sequence[str]) -> Path:
+  """`<workdir>/done.json`: written last, when every stage of the run has finished (sweeps skip such runs)."""
+  path = Path(workdir) / "done.json"
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps({"stages": list(stages), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+  os.replace(tmp, path)
+  return path
+
+
 def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str | os.PathLike,
                 title: str | None = None, ncols: int = 3) -> Path:
   """Draws each key against step from a JSONL metrics file, one small panel per key, in one PNG.
