@@ -14,6 +14,10 @@ shows as held-out pass@1 rising towards the greedy accuracy while pass@16 holds 
 task has little to add: the tiny model learns its training prompts but not new arithmetic.
 
 Variants (`--config=configs/default.py:smoke`): `smoke` shrinks everything to seconds for tests.
+
+Sweep (`sweep()` below: RL learning rate x seed, 6 runs, each in DIR/<overrides>, results in DIR/sweep_results.md):
+
+  python -m rl_lm.sweep --config=configs/default.py --workdir=/tmp/rl_lm/sweep --parallel=2
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import ml_collections
 
 from rl_lm.config import base_config
+from rl_lm.sweep import grid
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -61,3 +66,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg:
     raise ValueError(f"configs/default.py: unknown variant {arg!r}; known: smoke")
   return config
+
+
+def sweep(arg: str | None = None) -> list[dict]:
+  """RL learning rate x seed around the default (1e-4); the same points for every variant."""
+  del arg
+  return grid({"rl.learning_rate": (3e-5, 1e-4, 3e-4), "seed": (0, 1)})

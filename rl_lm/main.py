@@ -1,7 +1,20 @@
 """Entry point: `python -m rl_lm.main --config=configs/<x>.py[:variant] --workdir=DIR [--config.key=value ...]`.
 
-Parses the config (locked: unknown keys are errors), validates it before anything compiles, and
-runs `config.stages` in order. The work lives in rl_lm/train/.
+Parses the config (locked: unknown keys are errors), joins the other processes of a multi-process
+run (`rl_lm.distributed`: flags below, RL_LM_* variables, or a Slurm / TPU cluster), validates the
+config before anything compiles, and runs `config.stages` in order. The work lives in rl_lm/train/.
+In a multi-process run only process 0 prints progress and writes the run's shared files, and a
+process that fails exits at once (its peers, stuck waiting for it, are stopped by the launcher).
+
+A failure ends the run with one line on stderr, and any traceback goes to <workdir>/error.log
+(error.<process>.log in the other processes of a multi-process run), so nothing is lost:
+
+  exit 2    rl_lm: invalid configuration: <config.key>: <why>     a ConfigError, at validation or later
+  exit 1    rl_lm: error: <message naming the thing>             the user's input: a missing file, an unsupported
+            or unreadable checkpoint, bad multi-process settings, and any exception whose class has
+            `user_facing = True` (so a new such error, e.g. training stopped after NaN steps, needs no edit here)
+  exit 1    rl_lm: error: <Type>: <message> (traceback in <workdir>/error.log)   anything else: a bug
+  exit 130  rl_lm: interrupted (traceback in <workdir>/error.log)
 """
 
 from __future__ import annotations
@@ -9,12 +22,24 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
+import time
+import traceback
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file, optionally with :variant.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process run: host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process run: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process run: this process, 0 .. num_processes-1.")
+_MULTIHOST = flags.DEFINE_bool("multihost", None, "Join the cluster JAX detects (TPU pod); --nomultihost: never.")
+_LOCAL_DEVICES = flags.DEFINE_integer("local_device_count", None, "Fake CPU devices in this process (testing).")
+
+# Errors that are the user's input whatever their class (besides classes with `user_facing = True`).
+USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError)
 
 
 def _fail(message: str) -> None:
@@ -31,31 +56,114 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(explain_flag_error(argv, e))
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" is not news on a CPU
-  from rl_lm import config as config_lib
-  from rl_lm.train import stages
-  from rl_lm.train.context import make_context
+def _one_line(e: BaseException) -> str:
+  lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+  return (lines[0] + (" ..." if len(lines) > 1 else "")) if lines else "(no message)"
 
-  config = _CONFIG.value
-  if config is None:
-    _fail("--config is required, e.g. --config=configs/default.py")
-  if not _WORKDIR.value:
-    _fail("--workdir is required")
+
+def _is_user_error(e: BaseException) -> bool:
+  from rl_lm.checkpoint import CheckpointError
+
+  return getattr(e, "user_facing", False) is True or isinstance(e, (*USER_ERRORS, CheckpointError))
+
+
+def _process_index() -> int:
+  import jax
+
+  from rl_lm.distributed import ENV_PROCESS_ID
+
+  try:
+    if jax.distributed.is_initialized():
+      return jax.process_index()
+    return int(_PROCESS_ID.value or os.environ.get(ENV_PROCESS_ID) or 0)  # initialize itself failed
+  except Exception:  # noqa: BLE001 -- a backend that failed to start, a malformed variable: cannot tell
+    return 0
+
+
+def _save_traceback(e: BaseException, workdir: str) -> str:
+  """Writes the traceback to <workdir>/error.log (a temporary file if that fails); returns the path."""
+  index = _process_index()
+  text = (f"{time.strftime('%Y-%m-%d %H:%M:%S')} rl_lm.main {' '.join(sys.argv[1:])}\n"
+          + "".join(traceback.format_exception(e)))
+  name = "error.log" if index == 0 else f"error.{index}.log"
+  for folder in (workdir, tempfile.gettempdir()):
+    try:
+      os.makedirs(folder, exist_ok=True)
+      path = os.path.join(folder, name if folder == workdir else f"rl_lm-{os.getpid()}-{name}")
+      with open(path, "w") as f:
+        f.write(text)
+      return path
+    except OSError:
+      continue
+  return "(nowhere: no writable folder)"
+
+
+def _report(e: BaseException, workdir: str) -> int:
+  """Prints the one-line summary of `e`, saves its traceback, and returns the exit status."""
+  from rl_lm.config import ConfigError
+
+  where = f" (traceback in {_save_traceback(e, workdir)})"
+  if isinstance(e, KeyboardInterrupt):
+    code, line = 130, f"rl_lm: interrupted{where}"
+  elif isinstance(e, ConfigError):
+    code, line = 2, f"rl_lm: invalid configuration: {_one_line(e)}"
+  elif _is_user_error(e):
+    code, line = 1, f"rl_lm: error: {_one_line(e)}"
+  else:
+    code, line = 1, f"rl_lm: error: {type(e).__name__}: {_one_line(e)}{where}"
+  print(line, file=sys.stderr, flush=True)
+  return code
+
+
+def _run(config: object, workdir: str) -> None:
+  from rl_lm import config as config_lib
+  from rl_lm import distributed
+
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _LOCAL_DEVICES.value,
+                         _MULTIHOST.value)  # before anything starts a JAX backend
   try:
     config_lib.validate(config)
   except config_lib.ConfigError as e:
     _fail(str(e))
-  os.makedirs(_WORKDIR.value, exist_ok=True)
   from rl_lm import metrics
+  from rl_lm.train import stages
+  from rl_lm.train.context import make_context
 
-  metrics.write_run_info(_WORKDIR.value, config)
-  ctx = make_context(config, _WORKDIR.value)
+  main_process = distributed.is_main_process()
+  os.makedirs(workdir, exist_ok=True)
+  if main_process:
+    metrics.write_run_info(workdir, config)
+  ctx = make_context(config, workdir)
   for name in config.stages:
-    print(f"rl_lm: stage {name}", flush=True)
+    if main_process:
+      print(f"rl_lm: stage {name}", flush=True)
     stages.STAGES[name](ctx)
-  metrics.write_done(_WORKDIR.value, list(config.stages))
+  if main_process:
+    metrics.write_done(workdir, list(config.stages))
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" is not news on a CPU
+  if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (orbax, tfds) stay out of the console
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if config is None:
+    _fail("--config is required, e.g. --config=configs/default.py")
+  if not workdir:
+    _fail("--workdir is required")
+  try:
+    _run(config, workdir)
+  except SystemExit:
+    raise
+  except BaseException as e:  # noqa: BLE001 -- every failure ends in one line; the traceback goes to error.log
+    code = _report(e, workdir)
+    import jax
+
+    if jax.distributed.is_initialized():  # the orderly shutdown waits for peers that may wait for us: leave now
+      sys.stdout.flush()
+      os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

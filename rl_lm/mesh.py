@@ -181,3 +181,26 @@ def place(tree: Any, axes: Any, mesh: Mesh, rules: Rules) -> Any:
   """Moves an existing pytree of arrays onto the mesh by its logical axes."""
   shardings = tree_shardings(mesh, rules, tree, axes)
   return jax.tree.map(jax.device_put, tree, shardings)
+
+
+def put(x: Any, sharding: jax.sharding.Sharding) -> Any:
+  """Host arrays (a pytree, the same on every process) placed as global arrays with `sharding`; with
+  several processes each one fills only the shards its devices hold."""
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+
+  def one(a: Any) -> jax.Array:
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+  return jax.tree.map(one, x)
+
+
+def fetch(tree: Any) -> Any:
+  """Global arrays -> numpy, whole on every process (gathers the shards other processes hold)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils
+
+  return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                      if isinstance(x, jax.Array) and not x.is_fully_addressable else np.asarray(x), tree)

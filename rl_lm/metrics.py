@@ -11,22 +11,30 @@ reads back; `read_jsonl` does it for you): the file stays strict JSON and a NaN 
 from a missing value. The file is opened for append, so a resumed run continues it; readers keep the
 last record of a step.
 
+`TensorBoardWriter` writes event files (read back with `read_tensorboard`); `read_wandb_offline` reads the
+history of an offline W&B run from its `.wandb` transaction log; `stage_writers` builds the optional
+TensorBoard and W&B writers of a training stage from `config.logging`.
+
 `run_info` / `write_run_info` record what a run was (config, git commit, jax version, devices, host,
 start time) in `run_info.json`; `plot_curves` draws chosen metrics from a JSONL file into one PNG.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
+import itertools
 import json
 import math
 import os
 import platform
 import socket
+import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
@@ -266,9 +274,113 @@ class WandbWriter:
     self.run.log(values, step=int(step))
 
   def close(self) -> None:
+    """Finishes the run; offline, also waits until the run's `.wandb` log holds everything (`_wait_for_exit`)."""
     if self.run is not None:
+      log = Path(self.run.settings.sync_file)
       self.run.finish()
       self.run = None
+      if self.mode == "offline":
+        _wait_for_exit(log)
+
+
+# The `.wandb` file is a LevelDB-style log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then 32 KiB
+# blocks of chunks, each `crc32 (uint32) | length (uint16) | type (uint8) | data`, little-endian, the CRC
+# (zlib's) over the type byte then the data. A record that does not fit a block is split FIRST, MIDDLE...,
+# LAST; a block's tail shorter than a chunk header is zero padding. Each record is a `wandb_internal.Record`.
+_WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+_WANDB_BLOCK = 32768
+_WANDB_FULL, _WANDB_FIRST, _WANDB_MIDDLE, _WANDB_LAST = 1, 2, 3, 4
+
+
+def _wandb_records(path: Path) -> Iterator[bytes]:
+  """The serialized records of a `.wandb` file; stops quietly at a record cut short by a killed writer."""
+  data = path.read_bytes()
+  if data[:len(_WANDB_HEADER)] != _WANDB_HEADER:
+    raise ValueError(f"{path}: not a W&B transaction log (bad header {data[:7]!r})")
+  i, parts = len(_WANDB_HEADER), None
+  while True:
+    left = _WANDB_BLOCK - i % _WANDB_BLOCK
+    if left < 7:
+      i += left
+    if i + 7 > len(data):
+      return
+    crc, n, kind = struct.unpack_from("<IHB", data, i)
+    chunk = data[i + 7:i + 7 + n]
+    if kind == 0 or len(chunk) < n:  # zero-filled or cut-short tail
+      return
+    if crc != zlib.crc32(chunk, zlib.crc32(bytes([kind]))):
+      raise ValueError(f"{path}: corrupt record at byte {i} (CRC mismatch)")
+    i += 7 + n
+    if kind == _WANDB_FULL:
+      yield chunk
+    elif kind == _WANDB_FIRST:
+      parts = [chunk]
+    elif kind in (_WANDB_MIDDLE, _WANDB_LAST) and parts is not None:
+      parts.append(chunk)
+      if kind == _WANDB_LAST:
+        yield b"".join(parts)
+        parts = None
+    else:
+      raise ValueError(f"{path}: unexpected record type {kind} at byte {i - 7 - n}")
+
+
+def _wait_for_exit(path: Path, timeout: float = 10.0) -> None:
+  """Waits, at most `timeout` seconds, for the exit record of a `.wandb` log: `run.finish()` can return while
+  W&B's service is still writing the file's tail (seen with wandb 0.31), and a reader would miss the last rows."""
+  from wandb.proto import wandb_internal_pb2
+
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      tail = collections.deque(_wandb_records(path), maxlen=8)
+    except (OSError, ValueError):  # not there yet, or a header still unwritten
+      tail = collections.deque()
+    for raw in tail:
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(raw)
+      if record.WhichOneof("record_type") == "exit":
+        return
+    if time.monotonic() > deadline:
+      return
+    time.sleep(0.05)
+
+
+def _numeric(v: Any) -> float | None:
+  return float(v) if isinstance(v, bool | int | float) else None
+
+
+def read_wandb_offline(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+  """History of an offline W&B run, `{key: [(step, value), ...]}`, parsed from its `.wandb` transaction log.
+
+  `run_dir` is a `wandb/offline-run-*` folder (or the `.wandb` file itself). Numeric values only (bools as
+  0/1, NaN and infinities kept); W&B's own keys (`_step`, `_runtime`, `_timestamp`) are left out. Sorted by
+  step; a step logged twice keeps its last value. A resumed run is a second folder with the same run id.
+  """
+  from wandb.proto import wandb_internal_pb2
+
+  path = Path(run_dir)
+  files = [path] if path.is_file() else sorted(path.glob("*.wandb"))
+  if len(files) != 1:
+    raise FileNotFoundError(f"{run_dir}: expected one .wandb file, found {len(files)}")
+  series: dict[str, dict[int, float]] = {}
+  for raw in _wandb_records(files[0]):
+    record = wandb_internal_pb2.Record()
+    record.ParseFromString(raw)
+    if record.WhichOneof("record_type") != "history":
+      continue
+    row: dict[str, Any] = {}
+    for item in record.history.item:
+      key = item.key or ".".join(item.nested_key)
+      if item.value_json:
+        row[key] = json.loads(item.value_json)  # NaN / Infinity are accepted
+      elif item.WhichOneof("value") is not None:
+        row[key] = getattr(item, item.WhichOneof("value"))
+    step = row["_step"] if isinstance(row.get("_step"), int) else record.history.step.num
+    for key, v in row.items():
+      value = _numeric(v)
+      if value is not None and not key.startswith("_"):
+        series.setdefault(key, {})[int(step)] = value
+  return {k: sorted(v.items()) for k, v in series.items()}
 
 
 class MultiWriter:
@@ -289,6 +401,123 @@ class MultiWriter:
   def close(self) -> None:
     for w in self.writers:
       w.close()
+
+
+# ---------------------------------------------------------------------------------------------- tensorboard
+
+
+class TensorBoardWriter:
+  """TensorBoard event file in `logdir`: one `Event` per write, a scalar summary (`simple_value`, float32)
+  per numeric metric under its key as tag (bools as 0/1; strings skipped).
+
+  Written synchronously with the `tensorboard` package's protobuf classes and TFRecord writer (no TensorFlow
+  or PyTorch import) and flushed at every write (no fsync, like `JsonlWriter`), so a killed run keeps every
+  step written. Each writer starts a new file, named like TensorFlow's
+  (`events.out.tfevents.<time>.<host>.<pid>.<n>`); TensorBoard merges the files of a folder, so a resumed
+  run adds one.
+  """
+
+  _files = itertools.count()
+
+  def __init__(self, logdir: str | os.PathLike) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    self.logdir = Path(logdir)
+    self.logdir.mkdir(parents=True, exist_ok=True)
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(self._files)}"
+    self.path = self.logdir / name
+    self._records: Any = RecordWriter(open(self.path, "xb"))  # noqa: SIM115 -- closed in close()
+    self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _write_event(self, event: Any) -> None:
+    if self._records is None:
+      raise RuntimeError(f"TensorBoardWriter({self.path}) is closed")
+    self._records.write(event.SerializeToString())
+    self._records.flush()
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    Value = self._summary_pb2.Summary.Value  # noqa: N806
+    values = [Value(tag=k, simple_value=float(v)) for k, v in scalarize(metrics).items() if not isinstance(v, str)]
+    if not values:
+      return
+    self._write_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                            summary=self._summary_pb2.Summary(value=values)))
+
+  def close(self) -> None:
+    if self._records is not None:
+      self._records.close()
+      self._records = None
+
+  def __enter__(self) -> TensorBoardWriter:
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
+
+
+def read_tensorboard(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+  """Scalars of the event files directly in `logdir`, `{tag: [(step, value), ...]}`, as TensorBoard reads them.
+
+  Parsed by TensorBoard's own loader (`plugin_event_accumulator`, every event kept): `simple_value`
+  summaries (what `TensorBoardWriter` writes) and scalar tensors (what `tf.summary.scalar` writes). Files
+  are read in name order, i.e. the order they were started; the result is sorted by step and a step
+  written twice (a resumed run) keeps its last value. A record cut short by a killed writer is ignored.
+  """
+  from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+  from tensorboard.plugins.scalar import metadata as scalar_metadata
+  from tensorboard.util import tensor_util
+
+  if not any(Path(logdir).glob("*tfevents*")):
+    raise FileNotFoundError(f"{logdir}: no TensorBoard event files")
+  acc = pea.EventAccumulator(str(logdir), size_guidance={pea.TENSORS: 0})
+  acc.Reload()
+  series: dict[str, list[tuple[int, float]]] = {}
+  scalars = scalar_metadata.PLUGIN_NAME
+  for tag in acc.PluginTagToContent(scalars) if scalars in acc.ActivePlugins() else ():
+    by_step = {int(e.step): float(tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)}
+    series[tag] = sorted(by_step.items())
+  return series
+
+
+# ---------------------------------------------------------------------------------------------- per stage
+
+
+def stage_writers(config: Any, workdir: str | os.PathLike, stage: str) -> list[MetricsWriter]:
+  """The optional writers of a training stage, from `config.logging` (JSONL and console are the trainer's).
+
+  - `tensorboard`: a `TensorBoardWriter` at `<workdir>/tensorboard/<stage>`.
+  - `wandb_mode` other than "disabled": a `WandbWriter` in project `wandb_project`, named
+    `<basename(workdir)>-<stage>`, its `wandb/` folder under `workdir`, with the whole config. The run id is
+    kept in `<workdir>/wandb_run_id_<stage>.txt`; when that file exists the run is resumed
+    (`resume="allow"`), so a restarted run continues the same W&B run. If W&B fails to start, one warning
+    line goes to stderr and the run goes on without it.
+
+  Call from process 0 only; close the writers before the next stage starts its own.
+  """
+  lg, workdir = config.logging, Path(workdir)
+  writers: list[MetricsWriter] = []
+  if lg.tensorboard:
+    writers.append(TensorBoardWriter(workdir / "tensorboard" / stage))
+  if lg.wandb_mode != "disabled":
+    id_file = workdir / f"wandb_run_id_{stage}.txt"
+    run_id = id_file.read_text().strip() if id_file.exists() else ""
+    resume = {"id": run_id, "resume": "allow"} if run_id else {}
+    try:
+      name = f"{os.path.basename(os.path.abspath(workdir))}-{stage}"
+      wb = WandbWriter(lg.wandb_project, name=name, mode=lg.wandb_mode, dir=workdir, config=_plain_config(config),
+                       **resume)
+    except Exception as e:  # noqa: BLE001 -- W&B is optional: never let it stop a run
+      reason = " ".join(f"{type(e).__name__}: {e}".split())
+      print(f"WARNING: W&B did not start ({reason}); continuing without it", file=sys.stderr, flush=True)
+    else:
+      if not resume:
+        tmp = id_file.with_name(id_file.name + ".tmp")
+        tmp.write_text(wb.run.id + "\n")
+        os.replace(tmp, id_file)
+      writers.append(wb)
+  return writers
 
 
 # ---------------------------------------------------------------------------------------------- run records
@@ -404,6 +633,7 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str
 
 
 __all__ = [
-  "ALIASES", "ConsoleProgress", "JsonlWriter", "MetricsWriter", "MultiWriter", "WandbWriter", "format_duration",
-  "format_value", "git_commit", "plot_curves", "read_jsonl", "run_info", "scalarize", "write_run_info",
+  "ALIASES", "ConsoleProgress", "JsonlWriter", "MetricsWriter", "MultiWriter", "TensorBoardWriter", "WandbWriter",
+  "format_duration", "format_value", "git_commit", "plot_curves", "read_jsonl", "read_tensorboard",
+  "read_wandb_offline", "run_info", "scalarize", "stage_writers", "write_run_info",
 ]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,3 +23,31 @@ def test_sample_smoke_runs(tmp_path):
   records = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
   assert len(records) == 2 * 8
   assert all(0 < r["length"] <= 8 and r["sum_logprob"] < 0 for r in records)
+
+
+def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path):
+  """SFT then RL through the entry point with TensorBoard on and W&B offline: both logs hold every stage's
+  metrics, equal to metrics.jsonl / sft_metrics.jsonl."""
+  from rl_lm.metrics import read_jsonl, read_tensorboard, read_wandb_offline
+
+  env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_SILENT="true")
+  run = subprocess.run(
+    [sys.executable, "-m", "rl_lm.main", "--config=configs/default.py:smoke", f"--workdir={tmp_path}",
+     "--config.sft.steps=4", "--config.sft.log_every=2", "--config.rl.steps=2", "--config.logging.tensorboard=True",
+     "--config.logging.wandb_mode=offline", "--verbosity=-1"],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  sft_rows = read_jsonl(tmp_path / "sft_metrics.jsonl")
+  rl_rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/reward_mean" in r]
+  tb_sft, tb_rl = read_tensorboard(tmp_path / "tensorboard" / "sft"), read_tensorboard(tmp_path / "tensorboard" / "rl")
+  assert [s for s, _ in tb_sft["train/loss"]] == [2, 4]
+  np.testing.assert_allclose([v for _, v in tb_sft["train/loss"]], [r["train/loss"] for r in sft_rows], rtol=1e-6)
+  np.testing.assert_allclose([v for _, v in tb_rl["rollout/reward_mean"]], [r["rollout/reward_mean"] for r in rl_rows],
+                             rtol=1e-6)
+  runs = {p.name.rsplit("-", 1)[-1]: p for p in (tmp_path / "wandb").glob("offline-run-*")}
+  ids = {stage: (tmp_path / f"wandb_run_id_{stage}.txt").read_text().strip() for stage in ("sft", "rl")}
+  wb_sft, wb_rl = read_wandb_offline(runs[ids["sft"]]), read_wandb_offline(runs[ids["rl"]])
+  assert [s for s, _ in wb_sft["train/loss"]] == [2, 4]
+  assert [v for _, v in wb_rl["rollout/reward_mean"]] == [r["rollout/reward_mean"] for r in rl_rows]
+  assert "eval/pass@1" in wb_rl  # the evaluations before and after RL

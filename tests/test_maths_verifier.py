@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 
+from rl_lm.rewards import maths
 from rl_lm.rewards.audit import MATHS_PROBES
 from rl_lm.rewards.maths import MathsConfig, SymbolicPool, extract_answer, interpret, verify_answer
 
@@ -98,3 +102,56 @@ def test_symbolic_path_works_off_the_main_thread(pool):
   t.start()
   t.join(60)
   assert out and out[0].score == 1.0
+
+
+def test_worker_killed_mid_comparison_is_a_verifier_fault_and_is_replaced(monkeypatch):
+  p = SymbolicPool(workers=1, timeout_s=60.0)
+  try:
+    assert verify_answer("1024", "\\boxed{2^{10}}", pool=p).score == 1.0  # starts the worker
+    (old,) = p.pids()
+    waiting = threading.Event()  # set once the request is written and the pool waits for the reply
+    read = maths._Worker.readline
+    monkeypatch.setattr(maths._Worker, "readline", lambda self, deadline: (waiting.set(), read(self, deadline))[1])
+    out = []
+    t = threading.Thread(target=lambda: out.append(verify_answer("2", "\\boxed{9^{9^{9^{9}}}}", pool=p)))
+    t.start()
+    assert waiting.wait(30)
+    os.kill(old, signal.SIGKILL)
+    t.join(30)
+    r = out[0]
+    assert (r.status, r.valid, r.score) == ("error", False, 0.0), r  # masked as a verifier fault, not a wrong answer
+    assert r.info["reason"] == "math-verify worker died"
+    assert p.pids() == [] and p.restarts == 1
+    monkeypatch.undo()
+    for _ in range(2):  # the pool keeps working, on a new worker
+      assert verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=p).score == 1.0
+    (new,) = p.pids()
+    assert new != old and not _alive(old)
+  finally:
+    p.close()
+
+
+def test_worker_found_dead_while_idle_is_replaced_without_losing_the_comparison():
+  p = SymbolicPool(workers=1, timeout_s=60.0)
+  try:
+    assert verify_answer("1024", "\\boxed{2^{10}}", pool=p).score == 1.0
+    (old,) = p.pids()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(old) and time.monotonic() < deadline:  # gone (a zombie until the pool reaps it)
+      time.sleep(0.01)
+    r = verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=p)
+    assert (r.status, r.score) == ("ok", 1.0), r
+    (new,) = p.pids()
+    assert new != old and p.restarts == 1
+  finally:
+    p.close()
+
+
+def _alive(pid: int) -> bool:
+  """True while `pid` runs (a zombie, dead but not reaped, counts as gone)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False

@@ -1,15 +1,18 @@
-"""Metric writers: JSONL round trip, console line and ETA with a fake clock, W&B offline, run_info, plots."""
+"""Metric writers: JSONL round trip, console line and ETA with a fake clock, TensorBoard and W&B offline written
+and read back, per-stage writers with W&B resume, run_info, plots."""
 
 import io
 import json
 import math
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from rl_lm import metrics
-from rl_lm.metrics import ConsoleProgress, JsonlWriter, MetricsWriter, MultiWriter, WandbWriter
+from rl_lm.metrics import ConsoleProgress, JsonlWriter, MetricsWriter, MultiWriter, TensorBoardWriter, WandbWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -129,13 +132,18 @@ def test_wandb_disabled_does_nothing(tmp_path):
     WandbWriter("proj", mode="cloud")
 
 
-def test_wandb_offline_run(tmp_path, monkeypatch):
+@pytest.fixture
+def wandb_env(tmp_path, monkeypatch):
+  """W&B offline, its folders (cache, config, ...) inside tmp_path."""
   for var, sub in (("WANDB_DIR", "wb"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
                    ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
     monkeypatch.setenv(var, str(tmp_path / sub))
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
   monkeypatch.chdir(tmp_path)
+
+
+def test_wandb_offline_run(tmp_path, wandb_env):
   w = WandbWriter("rl_lm-test", name="unit", mode="offline", dir=tmp_path / "wb", config={"algo": "grpo", "lr": 1e-6})
   for step in range(3):
     w.write(step, {"rollout/reward_mean": jnp.float32(0.1 * step), "train/loss": float("nan"), "stage": "rl"})
@@ -146,6 +154,148 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
   files = list(runs[0].glob("*.wandb"))
   assert len(files) == 1 and files[0].stat().st_size > 0
   assert b"rollout/reward_mean" in files[0].read_bytes()
+  # Read back from the transaction log: numeric values at their steps, strings and W&B's own keys left out.
+  history = metrics.read_wandb_offline(runs[0])
+  assert set(history) == {"rollout/reward_mean", "train/loss"}
+  assert history["rollout/reward_mean"] == [(s, float(np.float32(0.1 * s))) for s in range(3)]
+  assert [s for s, _ in history["train/loss"]] == [0, 1, 2] and all(math.isnan(v) for _, v in history["train/loss"])
+  assert metrics.read_wandb_offline(files[0]) == history  # the .wandb file itself works too
+
+
+def test_wandb_offline_read_back_large_rows(tmp_path, wandb_env):
+  # Rows of ~40 KB do not fit one 32 KiB block of the log: they are split into FIRST/MIDDLE/LAST chunks.
+  keys = [f"group{j:03d}/a_rather_long_metric_name_{j}" for j in range(700)]
+  w = WandbWriter("rl_lm-test", name="large", mode="offline", dir=tmp_path / "wb")
+  for step in (0, 5, 10, 20):
+    w.write(step, {k: step + j / 1000 for j, k in enumerate(keys)} | {"flag": step == 10, "n": np.int64(step)})
+  w.close()
+  (run,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+  assert next(run.glob("*.wandb")).stat().st_size > 4 * 32768
+  history = metrics.read_wandb_offline(run)
+  assert set(history) == set(keys) | {"flag", "n"}
+  for j, k in enumerate(keys):
+    assert history[k] == [(s, s + j / 1000) for s in (0, 5, 10, 20)]
+  assert history["flag"] == [(0, 0.0), (5, 0.0), (10, 1.0), (20, 0.0)]
+  assert history["n"] == [(s, float(s)) for s in (0, 5, 10, 20)]
+  with pytest.raises(FileNotFoundError):
+    metrics.read_wandb_offline(tmp_path)
+
+
+def test_tensorboard_round_trip(tmp_path):
+  logdir = tmp_path / "tb" / "rl"
+  with TensorBoardWriter(logdir) as w:
+    assert isinstance(w, MetricsWriter)
+    for step in (1, 2, 3):
+      w.write(step, {"rollout/reward_mean": 0.25 * step, "eval/pass@1": jnp.float32(0.5), "n": np.int32(7 * step),
+                     "flag": step == 2, "stage": "rl", "train/loss": float("nan") if step == 2 else -1.5})
+    # Flushed at every write: readable while the writer is open.
+    assert metrics.read_tensorboard(logdir)["rollout/reward_mean"] == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    w.write(4, {"lr": 0.1, "inf": -math.inf})
+  got = metrics.read_tensorboard(logdir)
+  assert set(got) == {"rollout/reward_mean", "eval/pass@1", "n", "flag", "train/loss", "lr", "inf"}  # no strings
+  assert got["rollout/reward_mean"] == [(1, 0.25), (2, 0.5), (3, 0.75)]
+  assert got["eval/pass@1"] == [(1, 0.5), (2, 0.5), (3, 0.5)]
+  assert got["n"] == [(1, 7.0), (2, 14.0), (3, 21.0)]
+  assert got["flag"] == [(1, 0.0), (2, 1.0), (3, 0.0)]
+  assert got["train/loss"][0] == (1, -1.5) and math.isnan(got["train/loss"][1][1]) and got["train/loss"][2] == (3, -1.5)
+  assert got["lr"] == [(4, float(np.float32(0.1)))]  # TensorBoard scalars are float32
+  assert got["inf"] == [(4, -math.inf)]
+  with pytest.raises(RuntimeError, match="closed"):
+    w.write(5, {"a": 1.0})
+
+  # A resumed run adds a file; a step written again keeps its last value.
+  with TensorBoardWriter(logdir) as w2:
+    w2.write(3, {"rollout/reward_mean": 2.0})
+    w2.write(4, {"rollout/reward_mean": 3.0})
+  assert len(list(logdir.glob("events.out.tfevents.*"))) == 2
+  assert metrics.read_tensorboard(logdir)["rollout/reward_mean"] == [(1, 0.25), (2, 0.5), (3, 2.0), (4, 3.0)]
+
+  # A record cut short by a killed writer is ignored; a corrupted one ends the reading of its file.
+  buf = io.BytesIO()
+  RecordWriter(buf).write(b"x" * 100)
+  with open(w2.path, "ab") as f:
+    f.write(buf.getvalue()[:50])
+  assert metrics.read_tensorboard(logdir)["rollout/reward_mean"] == [(1, 0.25), (2, 0.5), (3, 2.0), (4, 3.0)]
+  data = bytearray(w.path.read_bytes())
+  data[-6] ^= 0xFF  # inside the last event of the first file (step 4)
+  w.path.write_bytes(bytes(data))
+  assert "lr" not in metrics.read_tensorboard(logdir)
+  with pytest.raises(FileNotFoundError):
+    metrics.read_tensorboard(tmp_path)
+
+
+def test_read_tensorboard_tensor_scalars(tmp_path):
+  # What tf.summary.scalar writes: a scalar tensor tagged for the scalars plugin.
+  from tensorboard.compat.proto import event_pb2, summary_pb2
+  from tensorboard.plugins.scalar import metadata
+  from tensorboard.util import tensor_util
+
+  def value(tag, x):
+    return summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(tag, ""),
+                                     tensor=tensor_util.make_tensor_proto(x))
+
+  w = TensorBoardWriter(tmp_path)
+  for step in (1, 2):
+    w._write_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[
+      value("f", np.float32(0.5 * step)), value("d", np.float64(0.1 * step))])))
+  w._write_event(event_pb2.Event(step=3, summary=summary_pb2.Summary(value=[  # not a scalar: left out
+    summary_pb2.Summary.Value(tag="text", tensor=tensor_util.make_tensor_proto(np.array([b"x"])))])))
+  w.close()
+  assert metrics.read_tensorboard(tmp_path) == {"f": [(1, 0.5), (2, 1.0)], "d": [(1, 0.1), (2, 0.2)]}
+
+
+def _config(tensorboard=True, wandb_mode="offline"):
+  return ml_collections.ConfigDict({"algo": "grpo", "logging": {"tensorboard": tensorboard, "wandb_mode": wandb_mode,
+                                                                "wandb_project": "rl_lm-test"}})
+
+
+def test_stage_writers_tensorboard_and_wandb_resume(tmp_path, wandb_env):
+  workdir = tmp_path / "run1"
+  writers = metrics.stage_writers(_config(), str(workdir), "rl")
+  tb, wb = writers
+  assert isinstance(tb, TensorBoardWriter) and isinstance(wb, WandbWriter)
+  assert tb.logdir == workdir / "tensorboard" / "rl"
+  assert wb.run.name == "run1-rl" and wb.run.config["algo"] == "grpo"
+  run_id = wb.run.id
+  assert (workdir / "wandb_run_id_rl.txt").read_text().strip() == run_id
+  multi = MultiWriter(writers)
+  for step in (1, 2):
+    multi.write(step, {"rollout/reward_mean": 0.25 * step, "stage": "rl"})
+  multi.close()
+
+  # Restarted run: the same W&B run id is resumed; TensorBoard adds a file to the same folder.
+  writers = metrics.stage_writers(_config(), workdir, "rl")
+  assert writers[1].run.id == run_id
+  MultiWriter(writers).write(3, {"rollout/reward_mean": 0.75})
+  MultiWriter(writers).close()
+
+  assert metrics.read_tensorboard(workdir / "tensorboard" / "rl") == {
+    "rollout/reward_mean": [(1, 0.25), (2, 0.5), (3, 0.75)]}
+  runs = sorted((workdir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-1]: one folder per start
+  assert len(runs) == 2 and all(f"-{run_id}" in p.name for p in runs)
+  assert metrics.read_wandb_offline(runs[0]) == {"rollout/reward_mean": [(1, 0.25), (2, 0.5)]}
+  assert metrics.read_wandb_offline(runs[1]) == {"rollout/reward_mean": [(3, 0.75)]}
+  # Another stage gets its own W&B run.
+  (sft_wb,) = metrics.stage_writers(_config(tensorboard=False), workdir, "sft")
+  assert sft_wb.run.id != run_id and (workdir / "wandb_run_id_sft.txt").read_text().strip() == sft_wb.run.id
+  sft_wb.close()
+
+
+def test_stage_writers_optional(tmp_path, monkeypatch, capsys):
+  assert metrics.stage_writers(_config(tensorboard=False, wandb_mode="disabled"), tmp_path, "rl") == []
+  assert list(tmp_path.iterdir()) == []
+
+  import wandb
+
+  def broken_init(**kwargs):
+    raise RuntimeError("no network\nsecond line")
+
+  monkeypatch.setattr(wandb, "init", broken_init)
+  (tb,) = metrics.stage_writers(_config(wandb_mode="online"), tmp_path, "rl")
+  tb.close()
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "W&B did not start" in err and "RuntimeError: no network second line" in err
+  assert isinstance(tb, TensorBoardWriter) and not (tmp_path / "wandb_run_id_rl.txt").exists()
 
 
 def test_run_info(tmp_path):

@@ -118,3 +118,16 @@ def test_short_sft_run_learns_arithmetic(tmp_path):
   assert last["train/loss"] < 0.5 * before
   assert last["sft/truncated"] == 0
   assert len(lines) == 2 and "sft step 40/40" in lines[-1]
+
+
+def test_batches_from_a_data_position_continue_the_same_stream():
+  """A resumed run asks for batches from step k: they are the ones an uninterrupted run saw, including the
+  demonstrations' own random choices (decimal answers)."""
+  task = ArithmeticTask(levels=(1,), decimal_demos=0.5, seed=0)
+  tok = CharTokenizer()
+  whole = sft.batches(ArithmeticTask(levels=(1,), decimal_demos=0.5, seed=0), tok, 8, 16, seed=0)
+  first = [next(whole) for _ in range(5)]
+  resumed = sft.batches(task, tok, 8, 16, seed=0, start=3)
+  for expected in first[3:]:
+    got = next(resumed)
+    np.testing.assert_array_equal(got["tokens"], expected["tokens"])

@@ -62,15 +62,26 @@ _SHARD_FILE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 # config.json <-> ModelConfig
 
 
+class UnsupportedModelError(ValueError):
+  """A `config.json` our model cannot represent (another architecture, rotary scaling, ...); names the field.
+
+  `user_facing`: `rl_lm.main` reports it as one line, as the user's input, not as a bug.
+  """
+
+  user_facing = True
+
+
 class MissingTensorError(KeyError):
   """A tensor the config needs is not in the checkpoint files. The message names it and the files searched."""
+
+  user_facing = True
 
   def __str__(self) -> str:
     return str(self.args[0]) if self.args else ""
 
 
-def _unsupported(field: str, value: Any, why: str = "") -> ValueError:
-  return ValueError(f"config.json: unsupported {field}={value!r}{': ' + why if why else ''}")
+def _unsupported(field: str, value: Any, why: str = "") -> UnsupportedModelError:
+  return UnsupportedModelError(f"config.json: unsupported {field}={value!r}{': ' + why if why else ''}")
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
@@ -96,16 +107,16 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, tuple[float, float, float,
       int(params["original_max_position_embeddings"]),
     )
   except KeyError as e:
-    raise ValueError(f"config.json: {field} of rope_type 'llama3' lacks {e.args[0]!r}: {params}") from None
+    raise UnsupportedModelError(f"config.json: {field} of rope_type 'llama3' lacks {e.args[0]!r}: {params}") from None
   return theta, scaling
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
   """The ModelConfig of a Hugging Face `config.json` dict (LlamaForCausalLM or Qwen2ForCausalLM).
 
-  Raises ValueError naming the field for anything our model cannot represent: another
-  architecture, rotary scaling other than Llama-3's, sliding-window attention, MLP or output
-  biases, another activation, quantized weights. Compute and parameter dtypes are left at the
+  Raises UnsupportedModelError (a ValueError) naming the field for anything our model cannot
+  represent: another architecture, rotary scaling other than Llama-3's, sliding-window attention,
+  MLP or output biases, another activation, quantized weights. Compute and parameter dtypes are left at the
   ModelConfig defaults (`load` sets them).
   """
   hf = hf_config
@@ -148,7 +159,7 @@ def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
 
   def req(name: str) -> Any:
     if hf.get(name) is None:
-      raise ValueError(f"config.json: missing required field {name!r}")
+      raise UnsupportedModelError(f"config.json: missing required field {name!r}")
     return hf[name]
 
   d_model, n_heads = int(req("hidden_size")), int(req("num_attention_heads"))
@@ -362,11 +373,20 @@ def load(
   param_dtype: the dtype the weights are converted to, whatever the checkpoint stores.
   With `mesh`, each parameter is placed sharded by its logical axes (`rules`) as it is read;
   otherwise on the default device. Raises MissingTensorError (a KeyError) naming a tensor the
-  config needs and the files searched, ValueError for unsupported configs, for tensors the model
-  would not use and for tensors of the wrong shape, FileNotFoundError without safetensors weights.
+  config needs and the files searched, UnsupportedModelError (a ValueError) for a config.json it
+  cannot read or represent, ValueError for tensors the model would not use and for tensors of the
+  wrong shape, FileNotFoundError without safetensors weights.
   """
-  with open(os.path.join(checkpoint_dir, CONFIG_FILE)) as f:
-    cfg = config_from_hf(json.load(f))
+  path = os.path.join(checkpoint_dir, CONFIG_FILE)
+  with open(path) as f:
+    try:
+      hf_config = json.load(f)
+    except json.JSONDecodeError as e:
+      raise UnsupportedModelError(f"{path}: not valid JSON ({e})") from None
+  try:
+    cfg = config_from_hf(hf_config)
+  except UnsupportedModelError as e:
+    raise UnsupportedModelError(os.path.join(checkpoint_dir, str(e))) from None  # "<dir>/config.json: ..."
   cfg = cfg.replace(param_dtype=param_dtype, **({"dtype": dtype} if dtype is not None else {}))
   np_dtype = np.dtype(cfg.weight_dtype)
   shapes, axes = transformer.param_shapes(cfg), transformer.param_axes(cfg)

@@ -254,6 +254,7 @@ class _Worker:
       start_new_session=True,
     )
     self._buf = b""
+    self.eof = False  # the worker closed its stdout: it died
     if self.readline(time.monotonic() + startup_timeout_s) is None:
       self.kill()
       raise RuntimeError("math-verify worker did not start")
@@ -266,6 +267,7 @@ class _Worker:
         return None
       chunk = os.read(fd, 65536)
       if not chunk:
+        self.eof = True
         return None
       self._buf += chunk
     line, self._buf = self._buf.split(b"\n", 1)
@@ -277,13 +279,26 @@ class _Worker:
     except (ProcessLookupError, PermissionError):
       pass
     self.proc.wait()
+    for stream in (self.proc.stdin, self.proc.stdout):
+      try:
+        stream.close()
+      except OSError:  # a request still buffered for the dead worker
+        pass
 
 
 class SymbolicPool:
-  """A few math-verify worker processes; a comparison that overruns `timeout_s` kills its worker."""
+  """A few math-verify worker processes; a comparison that overruns `timeout_s` kills its worker.
+
+  A worker that dies (killed by a signal, the OOM killer, a crash in math-verify) is replaced by a
+  fresh one at the next comparison. If it dies during a comparison, that comparison is a verifier
+  fault: status "error", detail "math-verify worker died" (the episode is masked, not scored 0).
+  A worker found dead while idle costs nothing: the comparison runs on its replacement.
+  `restarts` counts the workers replaced after dying or overrunning.
+  """
 
   def __init__(self, workers: int = 1, timeout_s: float = 5.0, startup_timeout_s: float = 60.0) -> None:
     self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+    self.restarts = 0
     self._idle: queue.Queue[_Worker | None] = queue.Queue()
     for _ in range(max(1, workers)):
       self._idle.put(None)  # started lazily
@@ -292,16 +307,25 @@ class SymbolicPool:
     """(match, status, detail): status "ok", or "timeout" / "error" with match None."""
     worker = self._idle.get()
     try:
-      if worker is None:
-        worker = _Worker(self.startup_timeout_s)
-      worker.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
-      worker.proc.stdin.flush()
-      line = worker.readline(time.monotonic() + self.timeout_s)
-      if line is None:
-        alive = worker.proc.poll() is None
+      if worker is not None and worker.proc.poll() is not None:  # died while idle: replace it, nothing is lost
         worker.kill()
         worker = None
-        if not alive:
+        self.restarts += 1
+      if worker is None:
+        worker = _Worker(self.startup_timeout_s)
+      try:
+        worker.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
+        worker.proc.stdin.flush()
+      except BrokenPipeError:  # died just now
+        line, worker.eof = None, True
+      else:
+        line = worker.readline(time.monotonic() + self.timeout_s)
+      if line is None:
+        died = worker.eof or worker.proc.poll() is not None
+        worker.kill()
+        worker = None
+        self.restarts += 1
+        if died:
           return None, "error", "math-verify worker died"
         return None, "timeout", f"math-verify overran {self.timeout_s:g}s"
       reply = json.loads(line)
@@ -315,6 +339,11 @@ class SymbolicPool:
       return None, "error", f"{type(e).__name__}: {e}"
     finally:
       self._idle.put(worker)
+
+  def pids(self) -> list[int]:
+    """Process ids of the started workers that are idle now."""
+    with self._idle.mutex:
+      return [w.proc.pid for w in self._idle.queue if w is not None]
 
   def close(self) -> None:
     """Stops the workers."""

@@ -16,6 +16,7 @@ Built-in names: "correctness" (dispatches on `problem.task` to "arithmetic", "ma
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -37,7 +38,7 @@ class RewardResult:
       or the first invalid component's.
     info: details (extracted answer, reason, sandbox detail, per-component results).
     valid: False when the score must not be trusted (verifier fault or timeout); defaults to
-      `status not in VERIFIER_FAULTS`.
+      `status not in VERIFIER_FAULTS`, and is always False for a non-finite score.
   """
 
   score: float
@@ -48,6 +49,8 @@ class RewardResult:
   def __post_init__(self) -> None:
     if self.valid is None:
       object.__setattr__(self, "valid", self.status not in VERIFIER_FAULTS)
+    if not math.isfinite(self.score):  # a NaN or inf score is a reward bug: masked and counted, never trained on
+      object.__setattr__(self, "valid", False)
 
 
 class Reward(Protocol):
@@ -82,6 +85,12 @@ class FunctionReward:
 _FACTORIES: dict[str, Callable[..., Reward]] = {}
 
 
+class UnknownRewardError(ValueError):
+  """A reward name nobody registered; the message lists the known ones. `rl_lm.main` reports it as one line."""
+
+  user_facing = True
+
+
 def register(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
   """Decorator: registers a reward factory under `name` (the factory takes keyword options)."""
 
@@ -100,9 +109,9 @@ def known_rewards() -> list[str]:
 
 
 def make_reward(name: str, **options: Any) -> Reward:
-  """Builds the reward `name`; raises ValueError naming the known rewards if there is none."""
+  """Builds the reward `name`; raises UnknownRewardError (a ValueError) naming the known rewards if none."""
   if name not in _FACTORIES:
-    raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+    raise UnknownRewardError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
   return _FACTORIES[name](**options)
 
 
@@ -144,7 +153,7 @@ def build_reward(
   options = options or {}
   unknown = [n for n in weights if n not in _FACTORIES]
   if unknown:
-    raise ValueError(f"unknown reward(s) {unknown}; known rewards: {', '.join(known_rewards())}")
+    raise UnknownRewardError(f"unknown reward(s) {unknown}; known rewards: {', '.join(known_rewards())}")
   comps = {}
   for name, w in weights.items():
     opts = dict(options.get(name, {}))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import re
 from collections.abc import Iterator, Mapping
@@ -132,6 +133,9 @@ def load_gsm8k(split: str = "test", source: str = "auto", data_dir: str | Path |
       return _load_jsonl(path)
     if source == "jsonl":
       raise FileNotFoundError(f"no GSM8K file at {path}")
+    tfds_dir = os.environ.get("TFDS_DATA_DIR") or str(Path.home() / "tensorflow_datasets")
+    if "://" not in tfds_dir and not (Path(tfds_dir) / TASK_NAME).is_dir():  # spare the user TFDS's own pages
+      raise FileNotFoundError(f"no GSM8K file at {path}, and no prepared TFDS gsm8k in {tfds_dir}")
   return _load_tfds(split, None if data_dir is None or source == "auto" else str(data_dir))
 
 

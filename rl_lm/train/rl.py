@@ -37,7 +37,7 @@ from rl_lm.rl import losses
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
-from rl_lm.train import rl_update
+from rl_lm.train import rl_update, stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
@@ -114,7 +114,8 @@ class RLTrainer:
   """Holds one RL run's objects; `run()` is the loop."""
 
   def __init__(self, ctx: Context, log: Any = print):
-    self.ctx, self.config, self.rl, self.log = ctx, ctx.config, ctx.config.rl, log
+    self.ctx, self.config, self.rl = ctx, ctx.config, ctx.config.rl
+    self.log = log if stage_run.is_main_process() else (lambda *_: None)  # one process speaks
     rl, config = self.rl, self.config
     self.G = rl.group_size
     self.B = rl.prompts_per_step * rl.group_size
@@ -145,6 +146,7 @@ class RLTrainer:
     self.alarm_cfg = diagnostics.AlarmConfig(
       entropy_min=rl.alarms.entropy_min, kl_max=rl.alarms.kl_max, logprob_gap_max=rl.alarms.logprob_gap_max,
       zero_variance_max=rl.alarms.zero_variance_max)
+    self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
     self._build_state()
 
   def _fitting(self, problems: list[Problem], what: str) -> list[Problem]:
@@ -154,7 +156,10 @@ class RLTrainer:
       self.log(f"rl: {len(problems) - len(kept)} of {len(problems)} {what} problems have prompts longer than "
                f"config.rl.max_prompt_len={self.rl.max_prompt_len} tokens and are left out")
     if not kept:
-      raise ValueError(f"no {what} problem fits config.rl.max_prompt_len={self.rl.max_prompt_len}")
+      from rl_lm.config import ConfigError
+
+      raise ConfigError("config.rl.max_prompt_len", f"{self.rl.max_prompt_len} tokens: no {what} problem's prompt "
+                        "fits")
     return kept
 
   # --- state -------------------------------------------------------------------------------------
@@ -180,9 +185,10 @@ class RLTrainer:
       value_sh = state_lib.state_shardings(self.value_opt, abstract, v_shardings, ctx.mesh)
       value_state = state_lib.create(value_params, self.value_opt, ctx.mesh, v_shardings)
     rep = self._replicated = mesh_lib.replicated(ctx.mesh)
-    kl_state = jax.device_put(kl_lib.init_kl_state(rl.kl.coef), rep)  # placed as update_fn returns it: one compile
+    kl_state = mesh_lib.put(kl_lib.init_kl_state(rl.kl.coef), rep)  # placed as update_fn returns it: one compile
     self.state = rl_update.RLState(policy_state, value_state, kl_state)
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
+    self._shardings = shardings
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules)
     self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, self.temperature, ctx.mesh, ctx.rules, is_ppo)
@@ -248,7 +254,7 @@ class RLTrainer:
   # --- one step ----------------------------------------------------------------------------------
 
   def _device(self, x: np.ndarray) -> jax.Array:
-    return jax.device_put(x, mesh_lib.batch_sharding(self.ctx.mesh, self.ctx.rules, x.shape))
+    return mesh_lib.put(x, mesh_lib.batch_sharding(self.ctx.mesh, self.ctx.rules, x.shape))
 
   def train_step(self, step: int) -> dict[str, float]:
     timings = self._timings = {"sampling": 0.0, "scoring": 0.0}
@@ -260,7 +266,7 @@ class RLTrainer:
     value_params = self.state.value.params if self.state.value is not None else None
     prepared = self.prepare_fn(self.state.policy.params, self.reference, value_params, self._device(tokens),
                                self._device(attn))
-    prepared = jax.device_get(prepared)
+    prepared = mesh_lib.fetch(prepared)
     train_valid = self._train_valid(batch)
     adv = rl_update.compute_advantages(self.rl, batch.scores, train_valid, comp, prepared, float(self.state.kl.coef))
     if self.rl.tis_cap > 0:
@@ -287,7 +293,7 @@ class RLTrainer:
     # The controller's n_steps and horizon count episodes (Ziegler et al. 2019), B of them per step.
     kl_state = kl_lib.update_kl_state(self.state.kl, kl_now, self.B, adaptive=self.rl.kl.adaptive,
                                       target=self.rl.kl.target, horizon=self.rl.kl.horizon)
-    self.state = self.state._replace(kl=jax.device_put(kl_state, self._replicated))  # same placement: no recompile
+    self.state = self.state._replace(kl=mesh_lib.put(kl_state, self._replicated))  # same placement: no recompile
     for seen in self._seen:
       self._update_curriculum(seen)
     metrics = diagnostics.rollout_metrics(
@@ -330,11 +336,12 @@ class RLTrainer:
         rows = order[j * m * A: (j + 1) * m * A]
         mb = {k: v[rows].reshape((A, m) + v.shape[1:]) for k, v in data.items()}
         weight = rl_update.micro_weights(mb["mask"], rl.loss_mode)
-        mb = {k: jax.device_put(v, self._micro_sharding(v.shape)) for k, v in mb.items()}
+        mb = {k: mesh_lib.put(v, self._micro_sharding(v.shape)) for k, v in mb.items()}
         mb["weight"] = jnp.asarray(weight)
         self.state, met = self.update_fn(self.state, mb, jax.random.fold_in(key, epoch * n_mb + j))
         collected.append(met)
-    collected = jax.device_get(collected)
+    collected = mesh_lib.fetch(collected)
+    self._skips.count([float(c["train/skipped"]) for c in collected], collected, step)
     out = {k: float((np.max if rl_update.is_max_metric(k) else np.mean)([c[k] for c in collected]))
            for k in collected[0]}
     out["train/skipped"] = float(np.sum([c["train/skipped"] for c in collected]))
@@ -367,39 +374,97 @@ class RLTrainer:
 
   # --- the loop ----------------------------------------------------------------------------------
 
+  def _checkpoint_items(self) -> dict[str, Any]:
+    items = stage_run.state_items(self.state.policy)
+    if self.state.value is not None:
+      items.update(stage_run.state_items(self.state.value, "value_"))
+    items["kl"] = self.state.kl
+    return items
+
+  def _checkpoint_targets(self) -> dict[str, Any]:
+    sh = self._shardings
+    targets = stage_run.state_items(stage_run.abstract(jax.eval_shape(lambda: self.state.policy), sh.policy))
+    if self.state.value is not None:
+      value = stage_run.abstract(jax.eval_shape(lambda: self.state.value), sh.value)
+      targets.update(stage_run.state_items(value, "value_"))
+    targets["kl"] = stage_run.abstract(jax.eval_shape(lambda: self.state.kl), sh.kl)
+    return targets
+
+  def _resume(self) -> tuple[evaluation.EvalResult, dict[str, dict[int, float]]]:
+    """Restores the latest checkpoint: train states, KL controller, curriculum; returns the pre-RL
+    evaluation and the pass@k curves recorded so far."""
+    items, extra = self._stage.restore(self._checkpoint_targets())
+    value = stage_run.state_from_items(items, "value_") if self.state.value is not None else None
+    self.state = rl_update.RLState(stage_run.state_from_items(items), value, items["kl"])
+    self.curriculum.load_state_dict(extra["curriculum"])
+    curves = {label: {int(k): v for k, v in c.items()} for label, c in extra["curves"].items()}
+    return evaluation.EvalResult.from_dict(extra["before"]), curves
+
+  def _save(self, step: int, before: evaluation.EvalResult, curves: dict[str, dict[int, float]]) -> None:
+    cur = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.curriculum.state_dict().items()}
+    extra = {"curriculum": cur, "before": before.to_dict(),
+             "curves": {label: {str(k): v for k, v in c.items()} for label, c in curves.items()}}
+    self._stage.save(step, self._checkpoint_items(), extra)
+
   def run(self) -> dict[str, Any]:
+    """The RL stage: resumes from `<workdir>/checkpoints/rl` when it holds checkpoints."""
+    stage = self._stage = stage_run.StageRun(self.config, self.ctx.workdir, "rl", self.rl.steps, "metrics.jsonl",
+                                             self._skips, self.log)
+    try:
+      if stage.complete:
+        items, _ = stage.restore({"params": stage_run.abstract(jax.eval_shape(lambda: self.state.policy.params),
+                                                              self._shardings.policy.params)})
+        self.ctx.policy = items["params"]
+        self.log(f"rl: complete in {stage.directory} (step {stage.start_step}); its policy is loaded")
+        path = os.path.join(self.ctx.workdir, "rl_summary.json")
+        return json.load(open(path)) if os.path.exists(path) else {}
+      return self._run(stage)
+    finally:
+      stage.close()
+
+  def _run(self, stage: stage_run.StageRun) -> dict[str, Any]:
     rl, workdir = self.rl, self.ctx.workdir
-    path = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(path):  # a fresh run (resume arrives with checkpoints): start the file anew
-      os.replace(path, path + ".previous")
-    writer = metrics_lib.JsonlWriter(path)
-    progress = metrics_lib.ConsoleProgress(rl.steps, every=rl.log_every)
-    before = self.evaluate(0, "before RL")
-    self.log(f"rl: before RL: {_eval_line(before)}")
-    writer.write(0, before.metrics())
-    curves = {"before RL": before.pass_at_k}
-    for step in range(1, rl.steps + 1):
+    main = stage_run.is_main_process()
+    if stage.start_step:
+      before, curves = self._resume()
+      self.log(f"rl: resuming from step {stage.start_step} of {rl.steps} ({stage.directory})")
+    else:
+      stage.fresh_metrics()
+      before = self.evaluate(0, "before RL")
+      curves = {"before RL": before.pass_at_k}
+    writer = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(stage.metrics_path),
+                                      *metrics_lib.stage_writers(self.config, workdir, "rl")] if main else [])
+    progress = metrics_lib.ConsoleProgress(rl.steps, every=rl.log_every, start_step=stage.start_step)
+    if not stage.start_step:
+      self.log(f"rl: before RL: {_eval_line(before)}")
+      writer.write(0, before.metrics())
+    for step in range(stage.start_step + 1, rl.steps + 1):
       metrics = self.train_step(step)
       if self.config.eval.every and step % self.config.eval.every == 0 and step < rl.steps:
         mid = self.evaluate(step, f"step {step}")
         metrics.update(mid.metrics())
         curves[f"step {step}"] = mid.pass_at_k
       writer.write(step, metrics)
-      progress.update(step, metrics)
-      for alarm in diagnostics.check_alarms(metrics, self.alarm_cfg):
-        progress.log(alarm)
+      if main:
+        progress.update(step, metrics)
+        for alarm in diagnostics.check_alarms(metrics, self.alarm_cfg):
+          progress.log(alarm)
+      if stage.due(step):
+        self._save(step, before, curves)
     after = self.evaluate(rl.steps, "after RL")
     writer.write(rl.steps, after.metrics())
     writer.close()
     curves["after RL"] = after.pass_at_k
-    evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
-    metrics_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), CURVES, os.path.join(workdir, "curves.png"),
-                            title=f"{rl.algorithm} on {self.config.task.name}")
-    self.log(f"rl: after RL:  {_eval_line(after)}")
-    self.log(f"rl: {evaluation.compare(before, after)}")
-    summary = {"before": before.to_json(), "after": after.to_json()}
-    with open(os.path.join(workdir, "rl_summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
+    summary = {"before": before.to_dict(), "after": after.to_dict()}
+    if main:
+      evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
+      metrics_lib.plot_curves(stage.metrics_path, CURVES, os.path.join(workdir, "curves.png"),
+                              title=f"{rl.algorithm} on {self.config.task.name}")
+      self.log(f"rl: after RL:  {_eval_line(after)}")
+      self.log(f"rl: {evaluation.compare(before, after)}")
+      with open(os.path.join(workdir, "rl_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    stage.finish()
     self.ctx.policy = self.state.policy.params
     return summary
 
@@ -413,5 +478,10 @@ def _eval_line(r: evaluation.EvalResult) -> str:
 
 
 def run(ctx: Context) -> dict[str, Any]:
-  """The "rl" stage."""
+  """The "rl" stage: from `config.rl.init_from` when set, else from the policy the stage before left."""
+  if ctx.config.rl.init_from:
+    target = stage_run.abstract(jax.eval_shape(lambda: ctx.policy), ctx.param_shardings)
+    ctx.policy = stage_run.load_params(ctx.config.rl.init_from, target)
+    if stage_run.is_main_process():
+      print(f"rl: starting from the policy in {ctx.config.rl.init_from}", flush=True)
   return RLTrainer(ctx).run()

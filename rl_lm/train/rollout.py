@@ -63,9 +63,9 @@ class Sampler:
     len_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, (self.rows,))
     for c in range(len(prompts) // self.rows):
       sl = slice(c * self.rows, (c + 1) * self.rows)
-      out = self._generate(params, jax.device_put(prompts[sl], sharding), jax.device_put(lengths[sl], len_sharding),
+      out = self._generate(params, mesh_lib.put(prompts[sl], sharding), mesh_lib.put(lengths[sl], len_sharding),
                            jax.random.fold_in(rng, c))
-      chunks.append(jax.device_get(out._asdict()))
+      chunks.append(mesh_lib.fetch(out._asdict()))
     result = {k: np.concatenate([ch[k] for ch in chunks])[:n] for k in chunks[0]}
     P = self.prompt_len
     result["texts"] = [self.tok.decode(result["tokens"][i, P: P + result["lengths"][i]]) for i in range(n)]

@@ -13,7 +13,6 @@ import os
 import time
 
 import jax
-import numpy as np
 
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling, tokenizer
@@ -30,8 +29,8 @@ def run(ctx: Context) -> None:
   texts = list(itertools.islice(itertools.cycle(config.sample.prompts), config.sample.batch_size))
   prompts, lengths = sampling.pad_prompts([tokenizer.encode_prompt(tok, t) for t in texts], tok.pad_id, multiple=8)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules, prompts.shape)
-  prompts = jax.device_put(prompts, batch_sharding)
-  lengths = jax.device_put(lengths, mesh_lib.batch_sharding(mesh, rules, lengths.shape))
+  prompts = mesh_lib.put(prompts, batch_sharding)
+  lengths = mesh_lib.put(lengths, mesh_lib.batch_sharding(mesh, rules, lengths.shape))
   scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
   generate = sampling.make_generate_fn(model_cfg, scfg, mesh, rules)
 
@@ -40,17 +39,18 @@ def run(ctx: Context) -> None:
     start = time.perf_counter()
     out = jax.block_until_ready(generate(params, prompts, lengths, jax.random.fold_in(key, b + 1)))
     seconds = time.perf_counter() - start
-    n_tokens = int(np.asarray(out.lengths).sum())
+    out = mesh_lib.fetch(out)  # whole on every process
+    n_tokens = int(out.lengths.sum())
     timings.append((seconds, n_tokens))
     tag = " (includes compilation)" if b == 0 else ""
     print(f"rl_lm: batch {b + 1}/{config.sample.num_batches}: {n_tokens} tokens in {seconds:.2f}s{tag}", flush=True)
-    tokens = np.asarray(out.tokens)
+    tokens = out.tokens
     P = prompts.shape[1]
     for i, text in enumerate(texts):
       completion = tok.decode(tokens[i, P: P + int(out.lengths[i])])
       records.append({"batch": b, "prompt": text, "completion": completion, "length": int(out.lengths[i]),
                       "finished": bool(out.finished[i]),
-                      "sum_logprob": float(np.asarray(out.logprobs[i]).sum())})
+                      "sum_logprob": float(out.logprobs[i].sum())})
 
   for r in records[: min(4, len(records))]:
     print(f"  {r['prompt']!r} -> {r['completion']!r}", flush=True)
@@ -58,6 +58,8 @@ def run(ctx: Context) -> None:
   tps = sum(n for _, n in steady) / max(sum(s for s, _ in steady), 1e-9)
   print(f"rl_lm: decode throughput {tps:.0f} tokens/s over {len(steady)} batch(es) after compilation", flush=True)
   path = os.path.join(workdir, "samples.jsonl")
+  if jax.process_index() != 0:  # every process holds the same records; one writes them
+    return
   with open(path, "w") as f:
     for r in records:
       f.write(json.dumps(r) + "\n")

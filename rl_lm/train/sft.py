@@ -16,10 +16,12 @@ import jax
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
+from rl_lm import metrics as metrics_lib
 from rl_lm import tokenizer as tokenizer_lib
 from rl_lm.models import transformer
 from rl_lm.rl import losses
 from rl_lm.tasks.base import Problem, Task
+from rl_lm.train import stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 
@@ -46,15 +48,18 @@ def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str
   return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
 
 
-def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: int, seed: int
+def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: int, seed: int, start: int = 0
             ) -> Iterator[dict[str, np.ndarray]]:
-  """Endless SFT batches from the task's training problems (a finite task is cycled, reshuffled per pass)."""
+  """Endless SFT batches from the task's training problems (a finite task is cycled, reshuffled per pass),
+  from batch number `start` on (the data position of a resumed run)."""
 
   def problems() -> Iterator[Problem]:
     for epoch in itertools.count():
       yield from task.train_problems(None, seed=seed + epoch)
 
   stream = problems()
+  for _ in range(start * batch_size):  # replayed, not skipped: a task's demonstrations may draw from its own RNG
+    task.reference_completion(next(stream))
   while True:
     chunk = list(itertools.islice(stream, batch_size))
     yield encode_examples(tok, [(p.prompt, task.reference_completion(p)) for p in chunk], max_len)
@@ -73,26 +78,67 @@ def sft_loss(model_cfg: Any):
 
 
 def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str, float]:
-  """Runs `sft_cfg.steps` updates on `ctx.policy` and leaves the result there. Returns the last metrics."""
+  """Runs `sft_cfg.steps` updates on `ctx.policy` and leaves the result there. Returns the last metrics.
+
+  Checkpoints go to `<workdir>/checkpoints/sft`; a workdir holding some resumes from the latest, one
+  whose SFT stage completed loads its result and trains nothing. Metrics: `<workdir>/sft_metrics.jsonl`.
+  """
+  log = log if stage_run.is_main_process() else (lambda *_: None)  # one process speaks
   optimizer = state_lib.make_optimizer(sft_cfg.learning_rate, weight_decay=sft_cfg.weight_decay,
                                        warmup_steps=sft_cfg.warmup_steps, total_steps=sft_cfg.steps)
-  shardings = state_lib.state_shardings(optimizer, jax.eval_shape(lambda: ctx.policy), ctx.param_shardings, ctx.mesh)
-  state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
+  params_abstract = jax.eval_shape(lambda: ctx.policy)
+  shardings = state_lib.state_shardings(optimizer, params_abstract, ctx.param_shardings, ctx.mesh)
+  run = stage_run.StageRun(ctx.config, ctx.workdir, "sft", sft_cfg.steps, "sft_metrics.jsonl", log=log)
+  try:
+    if run.complete:
+      items, _ = run.restore({"params": stage_run.abstract(params_abstract, ctx.param_shardings)})
+      ctx.policy = items["params"]
+      log(f"sft: complete in {run.directory} (step {run.start_step}); its policy is loaded, nothing to train")
+      return {}
+    if sft_cfg.init_from:
+      ctx.policy = stage_run.load_params(sft_cfg.init_from, stage_run.abstract(params_abstract, ctx.param_shardings))
+      log(f"sft: starting from the policy in {sft_cfg.init_from}")
+    if run.start_step:
+      items, _ = run.restore(stage_run.state_targets(optimizer, params_abstract, shardings))
+      state = stage_run.state_from_items(items)
+      log(f"sft: resuming from step {run.start_step} of {sft_cfg.steps} ({run.directory})")
+    else:
+      run.fresh_metrics()
+      state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
+    metrics = _loop(ctx, task, sft_cfg, optimizer, shardings, state, run, log)
+  finally:
+    run.close()
+  return metrics
+
+
+def _loop(ctx: Context, task: Task, sft_cfg: Any, optimizer: Any, shardings: state_lib.TrainState,
+          state: state_lib.TrainState, run: stage_run.StageRun, log: Any) -> dict[str, float]:
   update = state_lib.make_update_fn(sft_loss(ctx.model_cfg), optimizer, shardings, ctx.mesh, ctx.rules)
-  data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed)
+  data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed, start=run.start_step)
   key = jax.random.fold_in(ctx.key, 1)
+  main = stage_run.is_main_process()
+  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
+                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "sft")] if main else [])
   start, metrics = time.perf_counter(), {}
-  for step in range(sft_cfg.steps):
+  for step in range(run.start_step, sft_cfg.steps):
     batch = next(data)
     truncated = int(batch.pop("truncated"))
-    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
+    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
     state, m = update(state, batch, jax.random.fold_in(key, step))
+    skipped = float(m["train/skipped"])  # one flag per step: the non-finite streak is exact
+    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
     if (step + 1) % sft_cfg.log_every == 0 or step + 1 == sft_cfg.steps:
-      metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
       metrics["sft/truncated"] = truncated
-      rate = (step + 1) / (time.perf_counter() - start)
+      writers.write(step + 1, metrics)
+      done = step + 1 - run.start_step
+      rate = done / (time.perf_counter() - start)
       eta = (sft_cfg.steps - step - 1) / max(rate, 1e-9)
       log(f"sft step {step + 1}/{sft_cfg.steps} | {rate:.1f} steps/s | ETA {eta:.0f}s | "
           f"loss {metrics['train/loss']:.4f} | token acc {metrics.get('sft/accuracy', float('nan')):.3f}")
+    if run.due(step + 1):
+      run.save(step + 1, stage_run.state_items(state))
+  writers.close()
+  run.finish()
   ctx.policy = state.params
   return metrics

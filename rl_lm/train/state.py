@@ -76,14 +76,16 @@ def make_update_fn(
 ) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict]]:
   """`update_fn(state, batch, rng) -> (state, metrics)`, jitted once, the state donated.
 
-  loss_fn(params, batch, rng) -> (scalar loss, metrics dict). Metrics gain `train/loss` and `train/grad_norm`.
+  loss_fn(params, batch, rng) -> (scalar loss, metrics dict). Metrics gain `train/loss`, `train/grad_norm`
+  and `train/skipped` (1.0 when a NaN or inf in the loss or gradients left the state unchanged).
   """
 
   def update(state: TrainState, batch: Any, rng: jax.Array):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, rng)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, **{"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)})
-    return TrainState(state.step + 1, params, opt_state), metrics
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+    metrics = dict(metrics, **{"train/loss": loss, "train/grad_norm": grad_norm,
+                               "train/skipped": (~finite).astype(jnp.float32)})
+    return apply_gradients(state, grads, optimizer, finite), metrics
 
   return jax.jit(mesh_lib.bind(update, mesh, rules), out_shardings=(shardings, None), donate_argnums=(0,))

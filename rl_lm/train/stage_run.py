@@ -1,0 +1,162 @@
+"""A training stage's life on disk: checkpoints, resume, completion, its metrics file, and the
+non-finite-update stop.
+
+  <workdir>/checkpoints/<stage>/<step>/   Orbax items ("params", "opt", ...) + extra (JSON)
+  <workdir>/checkpoints/<stage>/complete.json   written last: the stage finished (a rerun skips it)
+
+A stage saves every `config.checkpoint.every` steps and at its last step. The extra record holds the
+step, the number of lines its metrics file had at that moment (a resumed run cuts the file back to
+it, so rows written after the checkpoint by the killed run are not doubled), and whatever Python-side
+state the stage needs (curriculum counts and generator state, the skipped-update streak).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from rl_lm.checkpoint import Checkpointer, CheckpointError, restore_item
+from rl_lm.train import state as state_lib
+
+COMPLETE = "complete.json"
+
+
+class NonFiniteError(RuntimeError):
+  """Training stopped after `config.stop_after_nonfinite` skipped updates in a row."""
+
+  user_facing = True  # rl_lm.main reports it in one line
+
+
+def is_main_process() -> bool:
+  return jax.process_index() == 0
+
+
+def abstract(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs carrying `shardings`, for restoring onto the mesh."""
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), tree, shardings)
+
+
+def state_items(state: state_lib.TrainState, prefix: str = "") -> dict[str, Any]:
+  """A TrainState as checkpoint items: `<prefix>params` alone (so later stages can read it) and `<prefix>opt`."""
+  return {f"{prefix}params": state.params, f"{prefix}opt": {"step": state.step, "opt_state": state.opt_state}}
+
+
+def state_from_items(items: Mapping[str, Any], prefix: str = "") -> state_lib.TrainState:
+  opt = items[f"{prefix}opt"]
+  return state_lib.TrainState(opt["step"], items[f"{prefix}params"], opt["opt_state"])
+
+
+def state_targets(optimizer: Any, params_abstract: Any, shardings: state_lib.TrainState, prefix: str = ""
+                  ) -> dict[str, Any]:
+  """Restore targets of `state_items` for a state with these shardings (nothing is allocated)."""
+  shapes = jax.eval_shape(lambda p: state_lib.TrainState(np.int32(0), p, optimizer.init(p)), params_abstract)
+  return state_items(abstract(shapes, shardings), prefix)
+
+
+def load_params(path: str, target: Any) -> Any:
+  """The "params" item of a checkpoint folder (its latest step) or of one step folder: a stage's `init_from`."""
+  params, _ = restore_item(path, "params", target)
+  return params
+
+
+class SkipCounter:
+  """Consecutive skipped updates (NaN/inf loss or gradients); `count` raises NonFiniteError at `stop_after`."""
+
+  def __init__(self, stop_after: int, stage: str):
+    self.stop_after, self.stage, self.streak = stop_after, stage, 0
+    self.last_checkpoint: int | None = None
+
+  def count(self, skipped: list[float], metrics: list[Mapping[str, Any]], step: int) -> None:
+    """One flag (and metrics dict) per optimizer step, in order. Nothing is saved when this raises."""
+    for flag, m in zip(skipped, metrics, strict=True):
+      self.streak = self.streak + 1 if flag else 0
+      if self.streak >= self.stop_after:
+        bad = [f"{k}={float(v)}" for k, v in m.items() if np.ndim(v) == 0 and not np.isfinite(float(v))]
+        last = self.last_checkpoint
+        raise NonFiniteError(
+          f"{self.stage} stopped at step {step}: {self.streak} updates in a row were skipped for a non-finite "
+          f"loss or gradient ({', '.join(bad) or 'train/grad_norm'}); config.stop_after_nonfinite="
+          f"{self.stop_after}. The last checkpoint ({f'step {last}' if last else 'none'}) is from before it")
+
+
+def count_lines(path: str) -> int:
+  if not os.path.exists(path):
+    return 0
+  with open(path, "rb") as f:
+    return sum(1 for _ in f)
+
+
+class StageRun:
+  """Checkpoints and the metrics file of one stage; `start_step` > 0 means a resume."""
+
+  def __init__(self, config: Any, workdir: str, stage: str, total_steps: int, metrics_file: str,
+               skips: SkipCounter | None = None, log: Any = print):
+    ck = config.checkpoint
+    self.stage, self.total, self.every, self.log = stage, total_steps, ck.every, log
+    self.directory = os.path.join(workdir, "checkpoints", stage)
+    self.metrics_path = os.path.join(workdir, metrics_file)
+    self.skips = skips or SkipCounter(config.stop_after_nonfinite, stage)
+    self.ckpt = Checkpointer(self.directory, max_to_keep=ck.keep, async_save=ck.async_save)
+    self.start_step = self.ckpt.latest_step() or 0
+    self.complete = os.path.exists(os.path.join(self.directory, COMPLETE))
+    if self.start_step and not ck.resume:
+      raise CheckpointError(f"{self.directory} holds checkpoints (latest step {self.start_step}) and "
+                            "config.checkpoint.resume is False: use a new --workdir or allow resuming")
+    if self.start_step > total_steps:
+      raise CheckpointError(f"{self.directory} holds step {self.start_step}, beyond this run's {total_steps} "
+                            f"{stage} steps: use a new --workdir")
+    self.skips.last_checkpoint = self.start_step or None
+
+  def restore(self, targets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The latest checkpoint's items and extra; the metrics file is cut back to what it held then."""
+    items, extra = self.ckpt.restore(self.start_step, targets)
+    self.skips.streak = int(extra.get("nonfinite_streak", 0))
+    if is_main_process() and not self.complete:
+      _truncate_lines(self.metrics_path, int(extra.get("metrics_lines", 0)))
+    return items, extra
+
+  def fresh_metrics(self) -> None:
+    """A run starting at step 0: an older metrics file in the workdir is kept aside as `.previous`."""
+    if is_main_process() and os.path.exists(self.metrics_path):
+      os.replace(self.metrics_path, self.metrics_path + ".previous")
+
+  def due(self, step: int) -> bool:
+    return step == self.total or bool(self.every and step % self.every == 0)
+
+  def save(self, step: int, items: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+    record = {"step": step, "metrics_lines": count_lines(self.metrics_path), "nonfinite_streak": self.skips.streak,
+              **(extra or {})}
+    self.ckpt.save(step, items, record)
+    self.skips.last_checkpoint = step
+
+  def finish(self) -> None:
+    """Waits for the last save, then marks the stage complete."""
+    self.ckpt.wait()
+    if is_main_process():
+      tmp = os.path.join(self.directory, COMPLETE + ".tmp")
+      with open(tmp, "w") as f:
+        json.dump({"step": self.ckpt.latest_step()}, f)
+      os.replace(tmp, os.path.join(self.directory, COMPLETE))
+    self.complete = True
+
+  def close(self) -> None:
+    self.ckpt.close()
+
+
+def _truncate_lines(path: str, n: int) -> None:
+  """Keeps the first `n` lines of `path` (written through a temporary file, so a kill here loses nothing)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  if len(lines) == n:
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(lines[:n])
+  os.replace(tmp, path)
