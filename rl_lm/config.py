@@ -16,7 +16,7 @@ import ml_collections
 
 from rl_lm.models import presets
 
-STAGES = ("sample", "sft", "rl")  # grows with the trainers: reward_model, dpo
+STAGES = ("sample", "sft", "reward_model", "dpo", "rl")
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 DTYPES = ("float32", "bfloat16")
@@ -89,6 +89,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.reward = ml_collections.ConfigDict()
   c.reward.weights = ml_collections.ConfigDict({"correctness": 1.0})  # {reward name: weight}
+  c.reward.learned = False  # RL trains on the reward model (reward_model stage or model_checkpoint); the rewards
+  #                            in `weights` are then measured beside it as the gold reward, never trained on
+  c.reward.model_checkpoint = ""  # a reward_model checkpoint folder; "": the reward_model stage of this run
   c.reward.success_threshold = 1.0  # an episode with score >= this counts as solved (pass rate, curriculum)
 
   c.sft = ml_collections.ConfigDict()  # the "sft" stage: next-token loss on reference completions
@@ -100,6 +103,37 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.weight_decay = 0.0
   c.sft.log_every = 50
   c.sft.init_from = ""  # a checkpoint folder (<workdir>/checkpoints/<stage> of a run, or one step in it) to start from
+
+  c.preferences = ml_collections.ConfigDict()  # pairs for the "reward_model" and "dpo" stages
+  c.preferences.source = "synthetic"  # synthetic (task.name="preferences") | a JSONL file of pairs
+  c.preferences.train_pairs = 4000  # synthetic: pairs drawn on training prompts
+  c.preferences.eval_pairs = 500  # held-out pairs (synthetic: held-out prompts; JSONL: the file's last lines)
+  c.preferences.label_noise = 0.0  # synthetic: probability that a Bradley-Terry label is flipped
+  c.preferences.beta = 100.0  # synthetic: Bradley-Terry temperature of the labeller on the gold score
+  c.preferences.max_len = 24  # bos + prompt + completion + eos, right-padded
+
+  c.reward_model = ml_collections.ConfigDict()  # the "reward_model" stage: Bradley-Terry on a scalar head
+  c.reward_model.steps = 300
+  c.reward_model.batch_size = 32  # pairs per step
+  c.reward_model.learning_rate = 3e-4
+  c.reward_model.warmup_steps = 20
+  c.reward_model.weight_decay = 0.0
+  c.reward_model.log_every = 50
+  c.reward_model.init_from = ""  # backbone from a checkpoint folder; "": the policy the stage before left
+  c.reward_model.normalize_samples = 256  # policy samples whose mean reward is subtracted (zero mean); 0: off
+
+  c.dpo = ml_collections.ConfigDict()  # the "dpo" stage: DPO / IPO against the frozen starting policy
+  c.dpo.loss_type = "dpo"  # dpo | ipo
+  c.dpo.beta = 0.1  # KL strength (IPO: the tau of Azar et al.)
+  c.dpo.label_smoothing = 0.0  # conservative DPO: assumed label-flip rate
+  c.dpo.steps = 300
+  c.dpo.batch_size = 32  # pairs per step
+  c.dpo.learning_rate = 1e-4
+  c.dpo.warmup_steps = 20
+  c.dpo.weight_decay = 0.0
+  c.dpo.log_every = 50
+  c.dpo.init_from = ""  # a checkpoint folder to start from; "": the policy the stage before left
+  c.dpo.eval_prompts = 200  # held-out prompts sampled before and after DPO for the gold win rate
 
   c.rl = ml_collections.ConfigDict()  # the "rl" stage: one loop for PPO and the GRPO family
   c.rl.algorithm = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ppo
@@ -407,12 +441,67 @@ def _check_rl(config: Any, num_devices: int) -> None:
   _require(e.rows % dp == 0, "config.eval.rows", f"{e.rows} is not divisible by the {dp}-way data axes")
 
 
+def _check_preferences(config: Any, num_devices: int) -> None:
+  p = config.preferences
+  if p.source == "synthetic":
+    _require(config.task.name == "preferences", "config.preferences.source",
+             f"synthetic pairs come from task 'preferences', but config.task.name is {config.task.name!r}")
+  else:
+    _require(os.path.isfile(p.source), "config.preferences.source", f"no such JSONL file {p.source!r}")
+  for key in ("train_pairs", "eval_pairs", "max_len"):
+    _positive_int(config, f"preferences.{key}")
+  _require(0.0 <= p.label_noise <= 0.5, "config.preferences.label_noise", f"must be in [0, 0.5], got {p.label_noise}")
+  _require(p.beta > 0, "config.preferences.beta", f"must be > 0, got {p.beta}")
+  max_len = _model_max_len(config)
+  if max_len:
+    _require(p.max_len <= max_len, "config.preferences.max_len", f"{p.max_len} exceeds the model's max_seq_len "
+             f"{max_len}")
+
+
+def _check_pair_stage(name: str) -> Callable[[Any, int], None]:
+  def check(config: Any, num_devices: int) -> None:
+    s = config[name]
+    for key in ("steps", "batch_size", "log_every"):
+      _positive_int(config, f"{name}.{key}")
+    _require(s.learning_rate > 0, f"config.{name}.learning_rate", f"must be > 0, got {s.learning_rate}")
+    _require(s.warmup_steps >= 0, f"config.{name}.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+    dp = data_parallelism(config, num_devices)
+    _require(s.batch_size % dp == 0, f"config.{name}.batch_size", f"{s.batch_size} pairs are not divisible by the "
+             f"{dp}-way data axes")
+    if s.init_from:
+      _require(os.path.isdir(s.init_from), f"config.{name}.init_from", f"no such checkpoint folder {s.init_from!r}")
+    if name == "dpo":
+      _require(s.loss_type in ("dpo", "ipo"), "config.dpo.loss_type", f"must be dpo or ipo, got {s.loss_type!r}")
+      _require(s.beta > 0, "config.dpo.beta", f"must be > 0, got {s.beta}")
+      _require(0 <= s.label_smoothing < 0.5, "config.dpo.label_smoothing", f"must be in [0, 0.5), got "
+               f"{s.label_smoothing}")
+      _require(s.loss_type == "dpo" or s.label_smoothing == 0, "config.dpo.label_smoothing",
+               "applies to the dpo loss only")
+    else:
+      _require(s.normalize_samples >= 0, "config.reward_model.normalize_samples", "must be >= 0")
+
+  return check
+
+
+def _check_learned_reward(config: Any, num_devices: int) -> None:
+  r = config.reward
+  if r.learned:
+    has_stage = "reward_model" in config.stages and config.stages.index("reward_model") < config.stages.index("rl")
+    _require(has_stage or bool(r.model_checkpoint), "config.reward.learned",
+             "needs a reward_model stage before rl, or config.reward.model_checkpoint")
+    if r.model_checkpoint:
+      _require(os.path.isdir(r.model_checkpoint), "config.reward.model_checkpoint",
+               f"no such checkpoint folder {r.model_checkpoint!r}")
+
+
 # Section checks in order; the stage checks run only for stages the run includes.
 CHECKS: list[Callable[[Any, int], None]] = [_check_top, _check_run, _check_model, _check_mesh, _check_sampling]
 STAGE_CHECKS: dict[str, list[Callable[[Any, int], None]]] = {
   "sample": [_check_sample_stage],
   "sft": [_check_task, _check_sft],
-  "rl": [_check_task, _check_reward, _check_rl],
+  "reward_model": [_check_task, _check_preferences, _check_pair_stage("reward_model")],
+  "dpo": [_check_task, _check_preferences, _check_pair_stage("dpo")],
+  "rl": [_check_task, _check_reward, _check_learned_reward, _check_rl],
 }
 
 

@@ -180,7 +180,8 @@ def score_batch(
 # --- task dispatch -------------------------------------------------------------------------------
 
 #: Which reward checks correctness for each task name.
-TASK_VERIFIERS = {"arithmetic": "arithmetic", "gsm8k": "maths", "maths": "maths", "humaneval": "code", "code": "code"}
+TASK_VERIFIERS = {"arithmetic": "arithmetic", "gsm8k": "maths", "maths": "maths", "humaneval": "code", "code": "code",
+                  "preferences": "preference_correct"}  # gold >= threshold; see rewards/preference_gold.py
 
 
 class CorrectnessReward:

@@ -1,4 +1,4 @@
-"""Verifiable tasks: built-in arithmetic (the default), GSM8K and HumanEval.
+"""Tasks: built-in arithmetic (the default), GSM8K, HumanEval and synthetic preferences.
 
 `make_task(name, **options)` builds a task by name; every task serves `Problem`s through
 `train_problems`, `test_problems` and `reference_completion` (see `rl_lm.tasks.base.Task`).
@@ -12,8 +12,11 @@ from rl_lm.tasks.arithmetic import ArithmeticTask
 from rl_lm.tasks.base import Problem, Task
 from rl_lm.tasks.gsm8k import GSM8KTask
 from rl_lm.tasks.humaneval import HumanEvalTask
+from rl_lm.tasks.preferences import SyntheticPreferences
 
-TASKS = {"arithmetic": ArithmeticTask, "gsm8k": GSM8KTask, "humaneval": HumanEvalTask}
+TASKS = {
+  "arithmetic": ArithmeticTask, "gsm8k": GSM8KTask, "humaneval": HumanEvalTask, "preferences": SyntheticPreferences,
+}
 
 
 def make_task(name: str, **options: Any) -> Task:
@@ -23,4 +26,6 @@ def make_task(name: str, **options: Any) -> Task:
   return TASKS[name](**options)
 
 
-__all__ = ["ArithmeticTask", "GSM8KTask", "HumanEvalTask", "Problem", "Task", "TASKS", "make_task"]
+__all__ = [
+  "ArithmeticTask", "GSM8KTask", "HumanEvalTask", "Problem", "SyntheticPreferences", "Task", "TASKS", "make_task",
+]

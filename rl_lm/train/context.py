@@ -26,6 +26,7 @@ class Context:
   tokenizer: tokenizer_lib.Tokenizer
   policy: Any  # parameters, sharded on `mesh`
   key: jax.Array
+  reward_model: Any = None  # a reward_model.RewardModel once that stage has run
 
   @property
   def param_shardings(self) -> Any:

@@ -37,7 +37,7 @@ from rl_lm.rl import losses
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
-from rl_lm.train import rl_update, stage_run
+from rl_lm.train import reward_model, rl_update, stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
@@ -49,6 +49,8 @@ def task_from_config(config: Any) -> Task:
   if t.name == "arithmetic":
     return make_task("arithmetic", levels=tuple(t.levels), worked=t.worked, test_fraction=t.test_fraction,
                      decimal_demos=t.decimal_demos, seed=config.seed)
+  if t.name == "preferences":
+    return make_task("preferences", seed=config.seed, test_fraction=t.test_fraction, beta=config.preferences.beta)
   options: dict[str, Any] = {}
   if t.data_dir:
     options["data_dir"] = t.data_dir
@@ -107,7 +109,7 @@ class Batch:
 # The run-health curves drawn at the end of a run (curves.png in the workdir).
 CURVES = ("rollout/reward_mean", "rollout/pass_rate", "policy/kl_ref_k3", "policy/entropy",
           "rollout/response_length_mean", "groups/zero_variance_frac", "offpolicy/logprob_gap_mean_abs",
-          "train/grad_norm", "perf/tokens_per_s")
+          "train/grad_norm", "perf/tokens_per_s", "rollout/proxy_mean", "rollout/gold_mean", "policy/kl_ref_seq")
 
 
 class RLTrainer:
@@ -147,6 +149,12 @@ class RLTrainer:
       entropy_min=rl.alarms.entropy_min, kl_max=rl.alarms.kl_max, logprob_gap_max=rl.alarms.logprob_gap_max,
       zero_variance_max=rl.alarms.zero_variance_max)
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
+    self.learned = None  # a reward_model.RewardModel when config.reward.learned
+    if config.reward.learned:
+      self.learned = (reward_model.load(ctx, config.reward.model_checkpoint) if config.reward.model_checkpoint
+                      else ctx.reward_model)
+      if self.learned is None:
+        raise ValueError("config.reward.learned needs a reward_model stage before rl or config.reward.model_checkpoint")
     self._build_state()
 
   def _fitting(self, problems: list[Problem], what: str) -> list[Problem]:
@@ -201,11 +209,16 @@ class RLTrainer:
     out = self.sampler.sample(self.state.policy.params, [p.prompt for p in rows], rng)
     t1 = time.perf_counter()
     results = self.reward.batch(rows, out["texts"])
-    self._timings["sampling"] += t1 - t0
-    self._timings["scoring"] += time.perf_counter() - t1
     scores = np.asarray([r.score for r in results], np.float32)
     valid = np.asarray([r.valid for r in results], bool)
     success = valid & (scores >= self.config.reward.success_threshold)
+    if self.learned is not None:  # train on the proxy; the configured rewards are the gold, measured beside it
+      out["gold"] = np.where(valid, scores, np.nan).astype(np.float32)
+      attn = out["prompt_mask"] | out["completion_mask"]
+      scores = reward_model.score(self.ctx, self.learned.params, out["tokens"], attn, self.B) - self.learned.offset
+      scores, valid = scores.astype(np.float32), np.ones_like(valid)
+    self._timings["sampling"] += t1 - t0
+    self._timings["scoring"] += time.perf_counter() - t1
     if self.rl.overlong == "penalty":
       scores = scores + overlong_penalty(out["lengths"], out["finished"], self.N, self.rl.overlong_buffer,
                                          self.rl.overlong_penalty)
@@ -302,6 +315,11 @@ class RLTrainer:
       entropy=prepared["entropy"], truncated=~r["finished"], lengths=r["lengths"],
       values=data.get("old_values"), returns=data.get("returns"))  # IS-weight statistics come from tis_metrics
     metrics = {k: float(v) for k, v in metrics.items()}
+    # Sequence-level KL to the reference (k1 summed over each completion): the x axis of over-optimisation plots.
+    metrics["policy/kl_ref_seq"] = float(np.mean(np.sum((prepared["old_logp"] - prepared["ref_logp"]) * comp, axis=1)))
+    if self.learned is not None:
+      metrics["rollout/proxy_mean"] = float(np.mean(batch.scores))
+      metrics["rollout/gold_mean"] = float(np.nanmean(r["gold"])) if np.isfinite(r["gold"]).any() else float("nan")
     if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
     metrics.update(stats)

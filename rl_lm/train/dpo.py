@@ -1,0 +1,167 @@
+"""The "dpo" stage: DPO (Rafailov et al. 2023) or IPO (Azar et al. 2023) on preference pairs, no sampling.
+
+  h    = [log pi(y_c|x) - log ref(y_c|x)] - [log pi(y_r|x) - log ref(y_r|x)]      sequence log-probs
+  dpo: -log sigmoid(beta h)   (cDPO with label_smoothing)      ipo: (h - 1/(2 beta))^2
+
+The reference is the frozen policy the stage starts from (the SFT model); its log-probs of every pair
+are computed once. Metrics: implicit reward margins and accuracy, chosen/rejected log-probs and the
+sequence-level KL proxy on chosen responses. With the synthetic task, the stage samples one
+completion per held-out prompt from the reference and from the trained policy (same key) and
+reports the gold win rate of the policy over the reference and both gold means.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_lm import mesh as mesh_lib
+from rl_lm import metrics as metrics_lib
+from rl_lm import sampling, tokenizer
+from rl_lm.models import transformer
+from rl_lm.rl import preference
+from rl_lm.tasks.preferences import SyntheticPreferences, gold_score
+from rl_lm.train import pairs as pairs_lib
+from rl_lm.train import stage_run
+from rl_lm.train import state as state_lib
+from rl_lm.train.context import Context
+from rl_lm.train.rollout import Sampler
+
+
+def _stacked(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+  tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]], axis=0)  # [2B, T]
+  mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]], axis=0)  # [2B, T]
+  loss_mask = jnp.concatenate([batch["chosen_loss_mask"], batch["rejected_loss_mask"]], axis=0)  # [2B, T]
+  return tokens, mask, loss_mask
+
+
+def pair_logprobs(model_cfg: Any, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+  """Sequence log-probs of the completions, chosen rows then rejected rows, in one forward. -> [2B]"""
+  tokens, mask, loss_mask = _stacked(batch)
+  logits = transformer.forward(model_cfg, params, tokens, mask)  # [2B, T, V]
+  return preference.sequence_logprobs(logits, tokens, loss_mask)
+
+
+def dpo_loss_fn(model_cfg: Any, cfg: Any):
+  """loss_fn(params, batch, rng) for `state.make_update_fn`; the batch carries the reference log-probs."""
+
+  def loss_fn(params, batch, rng):
+    del rng
+    pc, pr = preference.split_pairs(pair_logprobs(model_cfg, params, batch))
+    return preference.dpo_loss(pc, pr, batch["ref_chosen_logp"], batch["ref_rejected_logp"], cfg.beta,
+                               loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+
+  return loss_fn
+
+
+def reference_logprobs(ctx: Context, params: Any, data: dict[str, np.ndarray], batch_size: int
+                       ) -> dict[str, np.ndarray]:
+  """ref_chosen_logp / ref_rejected_logp [n] for every pair, in fixed-shape batches."""
+  fn = jax.jit(lambda p, b: pair_logprobs(ctx.model_cfg, p, b))
+  n = len(data["chosen_tokens"])
+  chosen, rejected = [], []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size) % n
+    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape))
+             for k, v in pairs_lib.take(data, rows).items()}
+    c, r = np.split(mesh_lib.fetch(fn(params, batch)), 2)
+    chosen.append(c)
+    rejected.append(r)
+  return {"ref_chosen_logp": np.concatenate(chosen)[:n], "ref_rejected_logp": np.concatenate(rejected)[:n]}
+
+
+def gold_win_rate(ctx: Context, policy: Any, reference: Any, task: SyntheticPreferences, n: int
+                  ) -> dict[str, float]:
+  """One sample per held-out prompt from each model (same key); P(gold policy > gold reference), ties half."""
+  tok, config = ctx.tokenizer, ctx.config
+  problems = task.test_problems(n, seed=config.seed)
+  rows = len(problems) + (-len(problems)) % max(jax.device_count(), 1)
+  prompt_len = max(len(tokenizer.encode_prompt(tok, p.prompt)) for p in problems)
+  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, rows)
+  key = jax.random.fold_in(ctx.key, 9)
+  prompts = [p.prompt for p in problems]
+  ours, ref = sampler.sample(policy, prompts, key)["texts"], sampler.sample(reference, prompts, key)["texts"]
+  g_ours = np.asarray([gold_score(p, c) for p, c in zip(problems, ours, strict=True)])
+  g_ref = np.asarray([gold_score(p, c) for p, c in zip(problems, ref, strict=True)])
+  return {"dpo_eval/gold_win_rate": float(np.mean((g_ours > g_ref) + 0.5 * (g_ours == g_ref))),
+          "dpo_eval/gold_mean": float(g_ours.mean()), "dpo_eval/gold_mean_reference": float(g_ref.mean()),
+          "dpo_eval/prompts": float(len(problems))}
+
+
+def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
+  """Runs the stage (resuming, or loading when complete) and leaves the trained policy in `ctx.policy`."""
+  cfg, config = ctx.config.dpo, ctx.config
+  log = log if stage_run.is_main_process() else (lambda *_: None)
+  optimizer = state_lib.make_optimizer(cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                       warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+  params_abstract = jax.eval_shape(lambda: ctx.policy)
+  target = stage_run.abstract(params_abstract, ctx.param_shardings)
+  state_sh = state_lib.state_shardings(optimizer, params_abstract, ctx.param_shardings, ctx.mesh)
+  run = stage_run.StageRun(config, ctx.workdir, "dpo", cfg.steps, "dpo_metrics.jsonl", log=log)
+  try:
+    if run.complete:
+      ctx.policy = run.restore({"params": target})[0]["params"]
+      log(f"dpo: complete in {run.directory}; its policy is loaded")
+      return {}
+    if cfg.init_from:
+      ctx.policy = stage_run.load_params(cfg.init_from, target)
+    reference = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ctx.param_shardings)(ctx.policy)
+    if run.start_step:
+      state = stage_run.state_from_items(run.restore(stage_run.state_targets(optimizer, params_abstract,
+                                                                             state_sh))[0])
+      log(f"dpo: resuming from step {run.start_step} of {cfg.steps}")
+    else:
+      run.fresh_metrics()
+      state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
+    train_pairs, _ = pairs_lib.load(config, task)
+    data = pairs_lib.encode(ctx.tokenizer, train_pairs, config.preferences.max_len)
+    data.pop("truncated")
+    data.update(reference_logprobs(ctx, reference, data, cfg.batch_size))
+    update = state_lib.make_update_fn(dpo_loss_fn(ctx.model_cfg, cfg), optimizer, state_sh, ctx.mesh, ctx.rules)
+    state, last = _loop(ctx, run, state, update, data, cfg, log)
+    summary: dict[str, Any] = {"train_last": last}
+    if isinstance(task, SyntheticPreferences) and cfg.eval_prompts:
+      summary["eval"] = gold_win_rate(ctx, state.params, reference, task, cfg.eval_prompts)
+      log("dpo: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in summary["eval"].items()))
+    if stage_run.is_main_process():
+      with open(os.path.join(ctx.workdir, "dpo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    run.finish()
+  finally:
+    run.close()
+  ctx.policy = state.params
+  return summary
+
+
+def _loop(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState, update: Any,
+          data: dict[str, np.ndarray], cfg: Any, log: Any) -> tuple[state_lib.TrainState, dict[str, float]]:
+  main = stage_run.is_main_process()
+  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
+                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "dpo")] if main else [])
+  n = len(data["chosen_tokens"])
+  key = jax.random.fold_in(ctx.key, 10)
+  start, metrics = time.perf_counter(), {}
+  for step in range(run.start_step, cfg.steps):
+    batch = pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, ctx.config.seed))
+    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
+    state, m = update(state, batch, jax.random.fold_in(key, step))
+    skipped = float(m["train/skipped"])
+    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
+    if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
+      writers.write(step + 1, metrics)
+      rate = (step + 1 - run.start_step) / (time.perf_counter() - start)
+      log(f"dpo step {step + 1}/{cfg.steps} | {rate:.1f} steps/s | ETA {(cfg.steps - step - 1) / max(rate, 1e-9):.0f}s"
+          f" | loss {metrics['train/loss']:.4f} | accuracy {metrics['dpo/accuracy']:.3f} | margin "
+          f"{metrics['dpo/reward_margin']:.3f} | kl {metrics['dpo/kl_chosen']:.3f}")
+    if run.due(step + 1):
+      run.save(step + 1, stage_run.state_items(state))
+  writers.close()
+  return state, metrics

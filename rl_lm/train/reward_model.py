@@ -1,0 +1,217 @@
+"""The "reward_model" stage: a Bradley-Terry reward model on preference pairs.
+
+  r(x, y) = head(backbone(x y)[last token])          the scalar head over the policy's backbone
+  loss    = -log sigmoid(r(x, y_chosen) - r(x, y_rejected))
+
+The backbone starts from the policy the stage before left (the SFT model), or `reward_model.init_from`.
+Held-out pairs measure pairwise accuracy (against their labels and, for synthetic pairs, against the
+gold score) and calibration (ECE, reliability plot). At the end the reward is normalised: the mean
+reward of completions sampled from the starting policy on training prompts is subtracted, so the
+reference policy scores 0 on average; that offset is stored in the checkpoint's extra record.
+The reward model is left in `ctx.reward_model` for an RL stage (`config.reward.learned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_lm import mesh as mesh_lib
+from rl_lm import metrics as metrics_lib
+from rl_lm import sampling
+from rl_lm.checkpoint import restore_item
+from rl_lm.models import heads
+from rl_lm.rl import preference
+from rl_lm.train import pairs as pairs_lib
+from rl_lm.train import stage_run
+from rl_lm.train import state as state_lib
+from rl_lm.train.context import Context
+from rl_lm.train.rollout import Sampler
+
+
+@dataclasses.dataclass
+class RewardModel:
+  """A trained reward model: parameters on the mesh and the offset that centres it on the reference policy."""
+
+  params: Any  # {"backbone": ..., "head": ...}
+  offset: float
+
+  def score_fn(self, model_cfg: Any) -> Any:
+    """jit(tokens [B, T], mask [B, T]) -> normalised rewards [B] float32."""
+    offset = self.offset
+    return jax.jit(lambda p, t, m: heads.last_token_score(model_cfg, p, t, m) - offset)
+
+
+def shardings(ctx: Context) -> tuple[Any, Any]:
+  """(abstract reward-model params, their shardings) for this context's model."""
+  abstract = jax.eval_shape(lambda: heads.init(ctx.model_cfg, jax.random.key(0), backbone=ctx.policy))
+  return abstract, mesh_lib.tree_shardings(ctx.mesh, ctx.rules, abstract, heads.param_axes(ctx.model_cfg))
+
+
+def load(ctx: Context, path: str) -> RewardModel:
+  """A reward model from a reward_model checkpoint folder (or one step in it)."""
+  abstract, sh = shardings(ctx)
+  params, extra = restore_item(path, "params", stage_run.abstract(abstract, sh))
+  return RewardModel(params, float(extra.get("reward_offset", 0.0)))
+
+
+def pair_loss(model_cfg: Any):
+  """loss_fn(params, batch, rng): Bradley-Terry over one forward of chosen and rejected stacked. [2B, T]"""
+
+  def loss_fn(params, batch, rng):
+    del rng
+    tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]], axis=0)  # [2B, T]
+    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]], axis=0)  # [2B, T]
+    scores = heads.last_token_score(model_cfg, params, tokens, mask)  # [2B]
+    chosen, rejected = preference.split_pairs(scores)
+    return preference.bradley_terry_loss(chosen, rejected)
+
+  return loss_fn
+
+
+def score(ctx: Context, params: Any, tokens: np.ndarray, mask: np.ndarray, batch_size: int) -> np.ndarray:
+  """Reward of each row, in fixed-shape batches (the last one padded with repeated rows). [n, T] -> [n]"""
+  fn = _score_fn(ctx.model_cfg)
+  n, out = len(tokens), []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size) % n
+    sh = mesh_lib.batch_sharding(ctx.mesh, ctx.rules, tokens[rows].shape)
+    out.append(mesh_lib.fetch(fn(params, mesh_lib.put(tokens[rows], sh), mesh_lib.put(mask[rows], sh))))
+  return np.concatenate(out)[:n]
+
+
+_SCORE_FNS: dict[Any, Any] = {}
+
+
+def _score_fn(model_cfg: Any) -> Any:
+  if model_cfg not in _SCORE_FNS:
+    _SCORE_FNS[model_cfg] = jax.jit(lambda p, t, m: heads.last_token_score(model_cfg, p, t, m))
+  return _SCORE_FNS[model_cfg]
+
+
+def evaluate(ctx: Context, params: Any, eval_pairs: list, data: dict[str, np.ndarray], batch_size: int,
+             label: str) -> dict[str, float]:
+  """Held-out accuracy (labels; gold where known), calibration and its reliability plot."""
+  rc = score(ctx, params, data["chosen_tokens"], data["chosen_mask"], batch_size)
+  rr = score(ctx, params, data["rejected_tokens"], data["rejected_mask"], batch_size)
+  out = {"rm_eval/accuracy": float(np.mean((rc > rr) + 0.5 * (rc == rr))),
+         "rm_eval/margin_mean": float(np.mean(rc - rr))}
+  gold = np.asarray([q.agrees_with_gold for q in eval_pairs], dtype=object)
+  if all(g is not None for g in gold):  # accuracy against the truth, not the noisy labels
+    agree = gold.astype(bool)
+    out["rm_eval/gold_accuracy"] = float(np.mean(np.where(agree, rc > rr, rr > rc)))
+    out["rm_eval/label_agreement_with_gold"] = float(agree.mean())
+  cal = preference.calibration(rc, rr)
+  out["rm_eval/ece"] = float(cal["rm/ece"])
+  if stage_run.is_main_process():
+    os.makedirs(os.path.join(ctx.workdir, "eval"), exist_ok=True)
+    preference.reliability_plot(cal, os.path.join(ctx.workdir, "eval", f"reward_model_{label}_calibration.png"),
+                                title=f"reward model calibration ({label})")
+  return out
+
+
+def reference_offset(ctx: Context, params: Any, task: Any, n: int) -> float:
+  """Mean reward of `n` completions sampled from the starting policy (`ctx.policy`) on training prompts.
+
+  `ctx.policy` is the stage's start whether the run is fresh or resumed, so the offset is the same."""
+  config, tok = ctx.config, ctx.tokenizer
+  problems = [p for p, _ in zip(task.train_problems(None, seed=config.seed + 1), range(n), strict=False)]
+  prompt_len = max(len(tok.encode(p.prompt)) + 1 for p in problems)
+  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, n)
+  out = sampler.sample(ctx.policy, [p.prompt for p in problems], jax.random.fold_in(ctx.key, 7))
+  # The sampled token arrays are scored as they are (prompt right-aligned, then the completion), as the RL
+  # loop scores its rollouts; re-encoding the decoded texts could not represent every sampled id.
+  return float(np.mean(score(ctx, params, out["tokens"], out["prompt_mask"] | out["completion_mask"], n)))
+
+
+def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
+  """Trains (or resumes, or loads when complete) the reward model; leaves it in `ctx.reward_model`."""
+  cfg, config = ctx.config.reward_model, ctx.config
+  log = log if stage_run.is_main_process() else (lambda *_: None)
+  abstract, param_sh = shardings(ctx)
+  optimizer = state_lib.make_optimizer(cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                       warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+  state_sh = state_lib.state_shardings(optimizer, abstract, param_sh, ctx.mesh)
+  run = stage_run.StageRun(config, ctx.workdir, "reward_model", cfg.steps, "reward_model_metrics.jsonl", log=log)
+  try:
+    if run.complete:
+      items, extra = run.restore({"params": stage_run.abstract(abstract, param_sh)})
+      ctx.reward_model = RewardModel(items["params"], float(extra.get("reward_offset", 0.0)))
+      log(f"reward_model: complete in {run.directory}; loaded (offset {ctx.reward_model.offset:+.4f})")
+      return ctx.reward_model
+    backbone = ctx.policy
+    if cfg.init_from:
+      backbone = stage_run.load_params(cfg.init_from, stage_run.abstract(jax.eval_shape(lambda: ctx.policy),
+                                                                         ctx.param_shardings))
+    if run.start_step:
+      items, _ = run.restore(stage_run.state_targets(optimizer, abstract, state_sh))
+      state = stage_run.state_from_items(items)
+      log(f"reward_model: resuming from step {run.start_step} of {cfg.steps}")
+    else:
+      run.fresh_metrics()
+      init = jax.jit(lambda b: heads.init(ctx.model_cfg, jax.random.key(0), backbone=b), out_shardings=param_sh)
+      state = state_lib.create(init(backbone), optimizer, ctx.mesh, param_sh)
+    train_pairs, eval_pairs = pairs_lib.load(config, task)
+    max_len = config.preferences.max_len
+    train_data, eval_data = pairs_lib.encode(ctx.tokenizer, train_pairs, max_len), pairs_lib.encode(
+      ctx.tokenizer, eval_pairs, max_len)
+    log(f"reward_model: {len(train_pairs)} training pairs, {len(eval_pairs)} held out; "
+        f"{int(train_data['truncated'])} sides cut at max_len={max_len}")
+    update = state_lib.make_update_fn(pair_loss(ctx.model_cfg), optimizer, state_sh, ctx.mesh, ctx.rules)
+    if not run.start_step:
+      before = evaluate(ctx, state.params, eval_pairs, eval_data, cfg.batch_size, "before")
+    state, last = _loop(ctx, run, state, update, train_data, cfg, log)
+    after = evaluate(ctx, state.params, eval_pairs, eval_data, cfg.batch_size, "after")
+    offset = (reference_offset(ctx, state.params, task, cfg.normalize_samples)
+              if cfg.normalize_samples else 0.0)
+    summary = {"after": after, "reward_offset": offset, "train_last": last}
+    if not run.start_step:
+      summary["before"] = before
+    log("reward_model: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in after.items())
+        + f" | offset {offset:+.4f}")
+    if run.start_step < cfg.steps:  # else that checkpoint exists: the run stopped before marking the stage done
+      run.save(cfg.steps, stage_run.state_items(state), {"reward_offset": offset})
+    if stage_run.is_main_process():
+      with open(os.path.join(ctx.workdir, "reward_model_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    run.finish()
+  finally:
+    run.close()
+  ctx.reward_model = RewardModel(state.params, offset)
+  return ctx.reward_model
+
+
+def _loop(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState, update: Any,
+          data: dict[str, np.ndarray], cfg: Any, log: Any) -> tuple[state_lib.TrainState, dict[str, float]]:
+  main = stage_run.is_main_process()
+  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
+                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "reward_model")]
+                                    if main else [])
+  n = len(data["chosen_tokens"])
+  key = jax.random.fold_in(ctx.key, 8)
+  start, metrics = time.perf_counter(), {}
+  for step in range(run.start_step, cfg.steps):
+    batch = pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, ctx.config.seed))
+    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
+    state, m = update(state, batch, jax.random.fold_in(key, step))
+    skipped = float(m["train/skipped"])
+    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
+    if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
+      writers.write(step + 1, metrics)
+      rate = (step + 1 - run.start_step) / (time.perf_counter() - start)
+      log(f"reward_model step {step + 1}/{cfg.steps} | {rate:.1f} steps/s | ETA "
+          f"{(cfg.steps - step - 1) / max(rate, 1e-9):.0f}s | loss {metrics['train/loss']:.4f} | "
+          f"accuracy {metrics['rm/accuracy']:.3f}")
+    if run.due(step + 1) and step + 1 < cfg.steps:  # the last state is saved with its offset, after evaluation
+      run.save(step + 1, stage_run.state_items(state))
+  writers.close()
+  return state, metrics
