@@ -18,6 +18,8 @@ from configs import rlhf_ppo
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  if arg not in (None, "", "smoke", "ipo"):
+    raise ValueError(f"configs/dpo.py: unknown variant {arg!r}; known: ipo, smoke")
   config = rlhf_ppo.get_config("smoke" if arg == "smoke" else None)
   config.stages = ("sft", "dpo")
   config.reward.learned = False

@@ -50,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.curriculum.enabled = False  # the preference prompts have no difficulty levels
   config.rl.kl.placement = "reward"
   config.rl.kl.estimator = "k1"
-  config.rl.kl.coef = 0.05
+  config.rl.kl.coef = 0.2  # strong enough that the gold keeps rising (experiments/overoptimization)
   config.rl.alarms.zero_variance_max = 1.0  # group_size 2 with a continuous reward: the alarm means nothing
   config.eval.num_samples = 4
   config.eval.every = 20
@@ -72,4 +72,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rl.epochs = 1
     config.task.eval_size = 16
     config.eval.every = 0
+  elif arg and arg != "adaptive":
+    raise ValueError(f"configs/rlhf_ppo.py: unknown variant {arg!r}; known: adaptive, smoke")
   return config

@@ -134,6 +134,7 @@ class EvalResult:
     greedy_verifier_errors: the same for the greedy completions.
     problems_per_k: {k: how many problems entered pass_at_k[k]}.
     examples: a few (prompt, completion, correct) records, for reading what the model writes.
+    extra: other scalars measured on the same samples (e.g. the mean gold reward of an RLHF run).
   """
 
   n: int
@@ -147,6 +148,7 @@ class EvalResult:
   greedy_verifier_errors: int
   problems_per_k: dict[int, int]
   examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  extra: dict[str, float] = dataclasses.field(default_factory=dict)  # other scalars of the same samples
 
   @property
   def num_problems(self) -> int:
@@ -161,6 +163,7 @@ class EvalResult:
     out[f"{prefix}verifier_errors"] = float(self.verifier_errors)
     out[f"{prefix}greedy_verifier_errors"] = float(self.greedy_verifier_errors)
     out[f"{prefix}num_problems"] = float(self.num_problems)
+    out.update({f"{prefix}{k}": float(v) for k, v in self.extra.items()})
     return out
 
   def to_dict(self) -> dict[str, Any]:

@@ -132,6 +132,7 @@ class JsonlWriter:
 #: Short console names for common metric keys; other keys show their last path component.
 ALIASES: dict[str, str] = {
   "rollout/reward_mean": "reward",
+  "rollout/gold_mean": "gold",
   "rollout/pass_rate": "pass",
   "rollout/response_length_mean": "len",
   "rollout/truncation_rate": "trunc",
@@ -150,8 +151,8 @@ ALIASES: dict[str, str] = {
 }
 
 DEFAULT_CONSOLE_KEYS = (
-  "rollout/reward_mean", "rollout/pass_rate", "policy/kl_ref_k3", "policy/entropy", "rollout/response_length_mean",
-  "groups/zero_variance_frac", "train/loss", "perf/tokens_per_s",
+  "rollout/reward_mean", "rollout/gold_mean", "rollout/pass_rate", "policy/kl_ref_k3", "policy/entropy",
+  "rollout/response_length_mean", "groups/zero_variance_frac", "train/loss", "perf/tokens_per_s",
 )
 
 

@@ -83,7 +83,8 @@ def test_unknown_variant_and_missing_workdir(tmp_path):
 
 
 # Variants that validate on this machine; a config that needs a checkpoint is checked through its tiny variant.
-VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"]}
+VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"],
+            "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"]}
 
 
 def test_every_config_file_parses_and_validates():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 import jax
@@ -22,13 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import metrics as metrics_lib
 from rl_lm import sampling, tokenizer
 from rl_lm.models import transformer
 from rl_lm.rl import preference
 from rl_lm.tasks.preferences import SyntheticPreferences, gold_score
+from rl_lm.train import loop, stage_run
 from rl_lm.train import pairs as pairs_lib
-from rl_lm.train import stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
@@ -125,7 +123,14 @@ def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
     data.pop("truncated")
     data.update(reference_logprobs(ctx, reference, data, cfg.batch_size))
     update = state_lib.make_update_fn(dpo_loss_fn(ctx.model_cfg, cfg), optimizer, state_sh, ctx.mesh, ctx.rules)
-    state, last = _loop(ctx, run, state, update, data, cfg, log)
+    n = len(data["chosen_tokens"])
+    spec = loop.LoopSpec(
+      "dpo", cfg.steps, cfg.log_every,
+      lambda step: pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, config.seed)),
+      console=(("dpo/accuracy", "accuracy"), ("dpo/reward_margin", "margin"), ("dpo/kl_chosen", "kl")),
+      curves=("train/loss", "dpo/accuracy", "dpo/reward_margin", "dpo/kl_chosen", "dpo/reward_chosen",
+              "dpo/reward_rejected"))
+    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 10), log)
     summary: dict[str, Any] = {"train_last": last}
     if isinstance(task, SyntheticPreferences) and cfg.eval_prompts:
       summary["eval"] = gold_win_rate(ctx, state.params, reference, task, cfg.eval_prompts)
@@ -138,30 +143,3 @@ def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
     run.close()
   ctx.policy = state.params
   return summary
-
-
-def _loop(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState, update: Any,
-          data: dict[str, np.ndarray], cfg: Any, log: Any) -> tuple[state_lib.TrainState, dict[str, float]]:
-  main = stage_run.is_main_process()
-  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
-                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "dpo")] if main else [])
-  n = len(data["chosen_tokens"])
-  key = jax.random.fold_in(ctx.key, 10)
-  start, metrics = time.perf_counter(), {}
-  for step in range(run.start_step, cfg.steps):
-    batch = pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, ctx.config.seed))
-    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
-    state, m = update(state, batch, jax.random.fold_in(key, step))
-    skipped = float(m["train/skipped"])
-    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
-    if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
-      writers.write(step + 1, metrics)
-      rate = (step + 1 - run.start_step) / (time.perf_counter() - start)
-      log(f"dpo step {step + 1}/{cfg.steps} | {rate:.1f} steps/s | ETA {(cfg.steps - step - 1) / max(rate, 1e-9):.0f}s"
-          f" | loss {metrics['train/loss']:.4f} | accuracy {metrics['dpo/accuracy']:.3f} | margin "
-          f"{metrics['dpo/reward_margin']:.3f} | kl {metrics['dpo/kl_chosen']:.3f}")
-    if run.due(step + 1):
-      run.save(step + 1, stage_run.state_items(state))
-  writers.close()
-  return state, metrics

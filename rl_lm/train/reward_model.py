@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from typing import Any
 
 import jax
@@ -24,13 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import metrics as metrics_lib
 from rl_lm import sampling
 from rl_lm.checkpoint import restore_item
 from rl_lm.models import heads
 from rl_lm.rl import preference
+from rl_lm.train import loop, stage_run
 from rl_lm.train import pairs as pairs_lib
-from rl_lm.train import stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
@@ -168,7 +166,13 @@ def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
     update = state_lib.make_update_fn(pair_loss(ctx.model_cfg), optimizer, state_sh, ctx.mesh, ctx.rules)
     if not run.start_step:
       before = evaluate(ctx, state.params, eval_pairs, eval_data, cfg.batch_size, "before")
-    state, last = _loop(ctx, run, state, update, train_data, cfg, log)
+    n = len(train_data["chosen_tokens"])
+    spec = loop.LoopSpec(
+      "reward_model", cfg.steps, cfg.log_every,
+      lambda step: pairs_lib.take(train_data, pairs_lib.step_indices(n, cfg.batch_size, step, config.seed)),
+      console=(("rm/accuracy", "accuracy"), ("rm/margin_mean", "margin")),
+      curves=("train/loss", "rm/accuracy", "rm/margin_mean", "train/grad_norm"), save_last=False)
+    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 8), log)
     after = evaluate(ctx, state.params, eval_pairs, eval_data, cfg.batch_size, "after")
     offset = (reference_offset(ctx, state.params, task, cfg.normalize_samples)
               if cfg.normalize_samples else 0.0)
@@ -187,31 +191,3 @@ def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
     run.close()
   ctx.reward_model = RewardModel(state.params, offset)
   return ctx.reward_model
-
-
-def _loop(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState, update: Any,
-          data: dict[str, np.ndarray], cfg: Any, log: Any) -> tuple[state_lib.TrainState, dict[str, float]]:
-  main = stage_run.is_main_process()
-  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
-                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "reward_model")]
-                                    if main else [])
-  n = len(data["chosen_tokens"])
-  key = jax.random.fold_in(ctx.key, 8)
-  start, metrics = time.perf_counter(), {}
-  for step in range(run.start_step, cfg.steps):
-    batch = pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, ctx.config.seed))
-    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
-    state, m = update(state, batch, jax.random.fold_in(key, step))
-    skipped = float(m["train/skipped"])
-    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
-    if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
-      writers.write(step + 1, metrics)
-      rate = (step + 1 - run.start_step) / (time.perf_counter() - start)
-      log(f"reward_model step {step + 1}/{cfg.steps} | {rate:.1f} steps/s | ETA "
-          f"{(cfg.steps - step - 1) / max(rate, 1e-9):.0f}s | loss {metrics['train/loss']:.4f} | "
-          f"accuracy {metrics['rm/accuracy']:.3f}")
-    if run.due(step + 1) and step + 1 < cfg.steps:  # the last state is saved with its offset, after evaluation
-      run.save(step + 1, stage_run.state_items(state))
-  writers.close()
-  return state, metrics

@@ -8,20 +8,17 @@ Works from any task that yields (prompt, target) pairs: `Problem.prompt` and
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from rl_lm import mesh as mesh_lib
-from rl_lm import metrics as metrics_lib
 from rl_lm import tokenizer as tokenizer_lib
 from rl_lm.models import transformer
 from rl_lm.rl import losses
 from rl_lm.tasks.base import Problem, Task
-from rl_lm.train import stage_run
+from rl_lm.train import loop, stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
 
@@ -115,30 +112,15 @@ def _loop(ctx: Context, task: Task, sft_cfg: Any, optimizer: Any, shardings: sta
           state: state_lib.TrainState, run: stage_run.StageRun, log: Any) -> dict[str, float]:
   update = state_lib.make_update_fn(sft_loss(ctx.model_cfg), optimizer, shardings, ctx.mesh, ctx.rules)
   data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed, start=run.start_step)
-  key = jax.random.fold_in(ctx.key, 1)
-  main = stage_run.is_main_process()
-  writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
-                                     *metrics_lib.stage_writers(ctx.config, ctx.workdir, "sft")] if main else [])
-  start, metrics = time.perf_counter(), {}
-  for step in range(run.start_step, sft_cfg.steps):
+
+  def batch_at(step: int) -> dict[str, Any]:  # called in step order: the stream is the data position
     batch = next(data)
-    truncated = int(batch.pop("truncated"))
-    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape)) for k, v in batch.items()}
-    state, m = update(state, batch, jax.random.fold_in(key, step))
-    skipped = float(m["train/skipped"])  # one flag per step: the non-finite streak is exact
-    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
-    if (step + 1) % sft_cfg.log_every == 0 or step + 1 == sft_cfg.steps:
-      metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
-      metrics["sft/truncated"] = truncated
-      writers.write(step + 1, metrics)
-      done = step + 1 - run.start_step
-      rate = done / (time.perf_counter() - start)
-      eta = (sft_cfg.steps - step - 1) / max(rate, 1e-9)
-      log(f"sft step {step + 1}/{sft_cfg.steps} | {rate:.1f} steps/s | ETA {eta:.0f}s | "
-          f"loss {metrics['train/loss']:.4f} | token acc {metrics.get('sft/accuracy', float('nan')):.3f}")
-    if run.due(step + 1):
-      run.save(step + 1, stage_run.state_items(state))
-  writers.close()
+    batch["host_metrics"] = {"sft/truncated": int(batch.pop("truncated"))}
+    return batch
+
+  spec = loop.LoopSpec("sft", sft_cfg.steps, sft_cfg.log_every, batch_at, console=(("sft/accuracy", "token acc"),),
+                       curves=("train/loss", "sft/accuracy", "train/grad_norm"))
+  state, metrics = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 1), log)
   run.finish()
   ctx.policy = state.params
   return metrics
