@@ -126,6 +126,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dpo.loss_type = "dpo"  # dpo | ipo
   c.dpo.beta = 0.1  # KL strength (IPO: the tau of Azar et al.)
   c.dpo.label_smoothing = 0.0  # conservative DPO: assumed label-flip rate
+  c.dpo.nll_coef = 0.0  # RPO: + coef x per-token NLL of the chosen responses (holds their likelihood up)
   c.dpo.steps = 300
   c.dpo.batch_size = 32  # pairs per step
   c.dpo.learning_rate = 1e-4
@@ -477,6 +478,7 @@ def _check_pair_stage(name: str) -> Callable[[Any, int], None]:
                f"{s.label_smoothing}")
       _require(s.loss_type == "dpo" or s.label_smoothing == 0, "config.dpo.label_smoothing",
                "applies to the dpo loss only")
+      _require(s.nll_coef >= 0, "config.dpo.nll_coef", f"must be >= 0, got {s.nll_coef}")
     else:
       _require(s.normalize_samples >= 0, "config.reward_model.normalize_samples", "must be >= 0")
 

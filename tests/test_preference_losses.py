@@ -109,7 +109,7 @@ def test_dpo_loss_and_metrics():
   close(met["dpo/accuracy"], 0.5)  # h > 0 for pair 0 only
   close(met["dpo/logp_chosen"], -2.0)  # mean(-1, -3)
   close(met["dpo/logp_rejected"], -1.5)  # mean(-2, -1)
-  close(met["dpo/kl_chosen"], -0.25)  # mean(0.5, -1)
+  close(met["dpo/logratio_chosen"], -0.25)  # mean(0.5, -1)
 
 
 def test_cdpo_label_smoothing():
@@ -176,7 +176,7 @@ def test_dpo_mask_excludes_a_pair():
     loss, met = pref.dpo_loss(pc, pr, rc, rr, beta=0.1, loss_type=loss_type, mask=m)
     close(loss, want, atol=1e-4)
     close(met["dpo/accuracy"], 0.5)
-    close(met["dpo/kl_chosen"], -0.25)
+    close(met["dpo/logratio_chosen"], -0.25)
     g = jax.grad(lambda a, lt=loss_type: pref.dpo_loss(a, pr, rc, rr, beta=0.1, loss_type=lt, mask=m)[0])(pc)
     assert np.all(np.isfinite(np.asarray(g)))
     close(g[2], 0.0)

@@ -66,6 +66,7 @@ def test_reward_model_loss_is_bradley_terry_on_last_token_scores(tmp_path):
 def test_dpo_starts_at_log2_and_training_separates_the_pairs(tmp_path):
   ctx = _ctx(tmp_path)
   cfg = ctx.config.dpo
+  cfg.nll_coef = 0.0  # the plain DPO loss (configs/dpo.py adds the RPO term)
   _, data = _data(ctx, 16)
   data.update(dpo.reference_logprobs(ctx, ctx.policy, data, 16))
   loss_fn = dpo.dpo_loss_fn(ctx.model_cfg, cfg)
@@ -83,6 +84,20 @@ def test_dpo_starts_at_log2_and_training_separates_the_pairs(tmp_path):
   assert m["train/loss"] < 0.6 and m["dpo/reward_margin"] > 0.3 and m["dpo/accuracy"] > 0.8, m
   # Chosen log-probs rise relative to rejected ones: the implicit rewards move apart.
   assert m["dpo/reward_chosen"] > m["dpo/reward_rejected"]
+
+
+def test_rpo_term_adds_the_per_token_nll_of_the_chosen_side(tmp_path):
+  ctx = _ctx(tmp_path)
+  cfg = ctx.config.dpo
+  cfg.nll_coef = 0.5
+  _, data = _data(ctx, 8)
+  data.update(dpo.reference_logprobs(ctx, ctx.policy, data, 8))
+  loss, metrics = dpo.dpo_loss_fn(ctx.model_cfg, cfg)(ctx.policy, _put(ctx, data), None)
+  pc = data["ref_chosen_logp"]  # the policy is the reference here
+  tokens = data["chosen_loss_mask"][:, 1:].sum(axis=1)  # completion tokens and eos
+  nll = np.mean(-pc / tokens)
+  np.testing.assert_allclose(float(metrics["dpo/nll_chosen"]), nll, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), np.log(2.0) + 0.5 * nll, rtol=1e-5)
 
 
 def test_step_indices_cover_each_epoch_once_and_are_reproducible():

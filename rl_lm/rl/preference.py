@@ -111,7 +111,8 @@ def dpo_loss(
     dpo/reward_margin                       their difference, beta h
     dpo/accuracy                            implicit reward of chosen > rejected (strict, as TRL: 0 at h = 0)
     dpo/logp_chosen, dpo/logp_rejected      policy sequence log-probs
-    dpo/kl_chosen                           pc - rc, a sequence-level KL(pi || ref) proxy on the chosen responses
+    dpo/logratio_chosen                     pc - rc on the dataset's chosen responses (not a KL: the data are not
+                                            sampled from pi; DPO often drives it negative)
   """
   if loss_type not in LOSS_TYPES:
     raise ValueError(f"unknown preference loss type {loss_type!r}; expected one of {LOSS_TYPES}")
@@ -149,7 +150,7 @@ def dpo_loss(
     "dpo/accuracy": masked_mean(reward_c > reward_r, m),
     "dpo/logp_chosen": masked_mean(sg(pc), m),
     "dpo/logp_rejected": masked_mean(sg(pr), m),
-    "dpo/kl_chosen": masked_mean(sg(pc - rc), m),
+    "dpo/logratio_chosen": masked_mean(sg(pc - rc), m),
   }
   return loss, metrics
 

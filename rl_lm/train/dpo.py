@@ -2,12 +2,14 @@
 
   h    = [log pi(y_c|x) - log ref(y_c|x)] - [log pi(y_r|x) - log ref(y_r|x)]      sequence log-probs
   dpo: -log sigmoid(beta h)   (cDPO with label_smoothing)      ipo: (h - 1/(2 beta))^2
+  + nll_coef * mean(-log pi(y_c|x) / |y_c|)                      optional (RPO): keeps chosen responses likely
 
 The reference is the frozen policy the stage starts from (the SFT model); its log-probs of every pair
 are computed once. Metrics: implicit reward margins and accuracy, chosen/rejected log-probs and the
-sequence-level KL proxy on chosen responses. With the synthetic task, the stage samples one
-completion per held-out prompt from the reference and from the trained policy (same key) and
-reports the gold win rate of the policy over the reference and both gold means.
+log-ratio on the chosen responses. With the synthetic task, the stage samples one completion per
+held-out prompt from the reference and from the trained policy (same key) and reports the gold win
+rate of the policy over the reference, both gold means, and KL(policy || reference) estimated on the
+policy's samples.
 """
 
 from __future__ import annotations
@@ -52,8 +54,14 @@ def dpo_loss_fn(model_cfg: Any, cfg: Any):
   def loss_fn(params, batch, rng):
     del rng
     pc, pr = preference.split_pairs(pair_logprobs(model_cfg, params, batch))
-    return preference.dpo_loss(pc, pr, batch["ref_chosen_logp"], batch["ref_rejected_logp"], cfg.beta,
-                               loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+    loss, metrics = preference.dpo_loss(pc, pr, batch["ref_chosen_logp"], batch["ref_rejected_logp"], cfg.beta,
+                                        loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+    if cfg.nll_coef:  # RPO (Pang et al. 2024): keep the chosen responses likely, per token
+      tokens = jnp.maximum(batch["chosen_loss_mask"][:, 1:].sum(axis=1), 1)  # [B]
+      nll = jnp.mean(-pc / tokens)
+      loss = loss + cfg.nll_coef * nll
+      metrics = dict(metrics, **{"dpo/nll_chosen": nll})
+    return loss, metrics
 
   return loss_fn
 
@@ -85,12 +93,24 @@ def gold_win_rate(ctx: Context, policy: Any, reference: Any, task: SyntheticPref
   sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, rows)
   key = jax.random.fold_in(ctx.key, 9)
   prompts = [p.prompt for p in problems]
-  ours, ref = sampler.sample(policy, prompts, key)["texts"], sampler.sample(reference, prompts, key)["texts"]
+  out = sampler.sample(policy, prompts, key)
+  ours, ref = out["texts"], sampler.sample(reference, prompts, key)["texts"]
   g_ours = np.asarray([gold_score(p, c) for p, c in zip(problems, ours, strict=True)])
   g_ref = np.asarray([gold_score(p, c) for p, c in zip(problems, ref, strict=True)])
   return {"dpo_eval/gold_win_rate": float(np.mean((g_ours > g_ref) + 0.5 * (g_ours == g_ref))),
           "dpo_eval/gold_mean": float(g_ours.mean()), "dpo_eval/gold_mean_reference": float(g_ref.mean()),
+          "dpo_eval/kl_ref_seq": sampled_kl(ctx, policy, reference, out, config.sampling.temperature),
           "dpo_eval/prompts": float(len(problems))}
+
+
+def sampled_kl(ctx: Context, policy: Any, reference: Any, out: dict[str, np.ndarray], temperature: float) -> float:
+  """KL(policy || reference) per completion, estimated on the policy's own samples `out` (k1 summed over
+  each completion's tokens, both log-probs from the trainer's forward at the sampling temperature)."""
+  rollout = sampling.Rollout(**{k: out[k] for k in sampling.Rollout._fields})
+  rollout = rollout._replace(**{k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape))
+                                for k, v in rollout._asdict().items()})
+  fn = jax.jit(lambda p, r: sampling.completion_logprobs(ctx.model_cfg, p, r, temperature).sum(axis=1))
+  return float(np.mean(mesh_lib.fetch(fn(policy, rollout)) - mesh_lib.fetch(fn(reference, rollout))))
 
 
 def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
@@ -127,8 +147,8 @@ def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
     spec = loop.LoopSpec(
       "dpo", cfg.steps, cfg.log_every,
       lambda step: pairs_lib.take(data, pairs_lib.step_indices(n, cfg.batch_size, step, config.seed)),
-      console=(("dpo/accuracy", "accuracy"), ("dpo/reward_margin", "margin"), ("dpo/kl_chosen", "kl")),
-      curves=("train/loss", "dpo/accuracy", "dpo/reward_margin", "dpo/kl_chosen", "dpo/reward_chosen",
+      console=(("dpo/accuracy", "accuracy"), ("dpo/reward_margin", "margin"), ("dpo/logratio_chosen", "logratio")),
+      curves=("train/loss", "dpo/accuracy", "dpo/reward_margin", "dpo/logratio_chosen", "dpo/reward_chosen",
               "dpo/reward_rejected"))
     state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 10), log)
     summary: dict[str, Any] = {"train_last": last}
