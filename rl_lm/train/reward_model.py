@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import sampling
+from rl_lm import sampling, tokenizer
 from rl_lm.checkpoint import restore_item
 from rl_lm.models import heads
 from rl_lm.rl import preference
@@ -40,11 +40,6 @@ class RewardModel:
 
   params: Any  # {"backbone": ..., "head": ...}
   offset: float
-
-  def score_fn(self, model_cfg: Any) -> Any:
-    """jit(tokens [B, T], mask [B, T]) -> normalised rewards [B] float32."""
-    offset = self.offset
-    return jax.jit(lambda p, t, m: heads.last_token_score(model_cfg, p, t, m) - offset)
 
 
 def shardings(ctx: Context) -> tuple[Any, Any]:
@@ -121,13 +116,14 @@ def reference_offset(ctx: Context, params: Any, task: Any, n: int) -> float:
   `ctx.policy` is the stage's start whether the run is fresh or resumed, so the offset is the same."""
   config, tok = ctx.config, ctx.tokenizer
   problems = [p for p, _ in zip(task.train_problems(None, seed=config.seed + 1), range(n), strict=False)]
-  prompt_len = max(len(tok.encode(p.prompt)) + 1 for p in problems)
+  prompt_len = max(len(tokenizer.encode_prompt(tok, p.prompt)) for p in problems)
+  rows = n + (-n) % jax.device_count()  # the sampler's batch splits over the devices; padding rows are dropped
   scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
-  sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, n)
+  sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, rows)
   out = sampler.sample(ctx.policy, [p.prompt for p in problems], jax.random.fold_in(ctx.key, 7))
   # The sampled token arrays are scored as they are (prompt right-aligned, then the completion), as the RL
   # loop scores its rollouts; re-encoding the decoded texts could not represent every sampled id.
-  return float(np.mean(score(ctx, params, out["tokens"], out["prompt_mask"] | out["completion_mask"], n)))
+  return float(np.mean(score(ctx, params, out["tokens"], out["prompt_mask"] | out["completion_mask"], rows)))
 
 
 def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
