@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -136,3 +137,32 @@ def test_ppo_killed_between_steps_resumes_exactly(tmp_path):
   assert resumed.returncode == 0, _tail(resumed)
   assert "rl: resuming from step" in resumed.stdout
   _assert_same_run(ref, run)
+
+
+def test_reward_model_and_dpo_stages_resume_exactly(tmp_path):
+  """The preference stages share the checkpoint machinery: killed mid-save, they resume to the same end."""
+  flags = ["--config.sft.steps=4", "--config.reward_model.steps=6", "--config.dpo.steps=6",
+           "--config.reward_model.log_every=1", "--config.dpo.log_every=1", "--config.checkpoint.every=2",
+           "--config.stages=('sft','reward_model','dpo')", "--config.logging.wandb_mode=disabled", "--verbosity=-1"]
+
+  def run(workdir: Path, fault: str = "") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rl_lm.main", "--config=configs/dpo.py:smoke", f"--workdir={workdir}", *flags]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(fault), capture_output=True, text=True, timeout=600)
+
+  ref, resumed = tmp_path / "ref", tmp_path / "run"
+  assert (done := run(ref)).returncode == 0, _tail(done)
+  assert run(resumed, "kill_mid_save:reward_model:4").returncode == -signal.SIGKILL
+  assert run(resumed, "kill_mid_save:dpo:4").returncode == -signal.SIGKILL
+  assert (done := run(resumed)).returncode == 0, _tail(done)
+  for name in ("reward_model_metrics.jsonl", "dpo_metrics.jsonl"):
+    assert _rows(ref / name) == _rows(resumed / name), name
+  for stage in ("reward_model", "dpo"):
+    a, _ = restore_item(str(ref / "checkpoints" / stage), "params", None)
+    b, _ = restore_item(str(resumed / "checkpoints" / stage), "params", None)
+    flat_a, flat_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(flat_a, flat_b, strict=True))
+  summary = lambda d: json.loads((d / "reward_model_summary.json").read_text())  # noqa: E731
+  assert summary(ref)["after"] == summary(resumed)["after"]
+  assert summary(ref)["reward_offset"] == summary(resumed)["reward_offset"]
+  assert json.loads((ref / "dpo_summary.json").read_text())["eval"] == \
+    json.loads((resumed / "dpo_summary.json").read_text())["eval"]
