@@ -43,7 +43,8 @@ def test_nonfinite_score_is_a_masked_fault():
   assert RewardResult(0.0, "ok").valid
 
 
-def test_sft_stops_after_k_skipped_updates_and_keeps_the_checkpoint_before(tmp_path, monkeypatch):
+@pytest.mark.parametrize("log_every", [1, 10])  # 10: each flag is read one step late, while the next update runs
+def test_sft_stops_after_k_skipped_updates_and_keeps_the_checkpoint_before(tmp_path, monkeypatch, log_every):
   real = sft.sft_loss
 
   def poisoned(model_cfg):
@@ -51,7 +52,7 @@ def test_sft_stops_after_k_skipped_updates_and_keeps_the_checkpoint_before(tmp_p
     return lambda params, batch, rng: jax.tree.map(lambda x: x * jnp.nan, loss_fn(params, batch, rng))
 
   monkeypatch.setattr(sft, "sft_loss", poisoned)
-  config = _config(**{"sft.steps": 10, "sft.log_every": 1})
+  config = _config(**{"sft.steps": 10, "sft.log_every": log_every})
   ctx = make_context(config, str(tmp_path))
   initial = jax.device_get(ctx.policy)
   with pytest.raises(NonFiniteError, match=r"sft stopped at step 3: 3 updates in a row .*train/loss=nan.*"
@@ -63,8 +64,8 @@ def test_sft_stops_after_k_skipped_updates_and_keeps_the_checkpoint_before(tmp_p
   assert extra["nonfinite_streak"] == 2
   # Skipped updates left the parameters as they were: the checkpoint holds the last good state.
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), saved, initial)
-  rows = [json.loads(line) for line in open(tmp_path / "sft_metrics.jsonl")]
-  assert [r["train/skipped"] for r in rows] == [1.0, 1.0]  # counted, step by step
+  rows = [json.loads(line) for line in open(tmp_path / "sft_metrics.jsonl")] if log_every == 1 else []
+  assert [r["train/skipped"] for r in rows] == ([1.0, 1.0] if log_every == 1 else [])  # counted, step by step
 
 
 def test_rl_stops_after_k_skipped_updates(tmp_path, monkeypatch):

@@ -51,14 +51,26 @@ def run_steps(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState
   writers = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(run.metrics_path),
                                      *metrics_lib.stage_writers(ctx.config, ctx.workdir, spec.stage)] if main else [])
   start, metrics = time.perf_counter(), {}
+  # Each step's skip flag is read after the next step is dispatched, so the host never waits on the device
+  # in between (its next batch is prepared while the update runs); before a log line or a save every flag
+  # so far is read, so the streak (and the one a checkpoint records) is exact.
+  unread: list[tuple[int, dict[str, jax.Array]]] = []
+
+  def read_flags() -> None:
+    while unread:
+      s, m_s = unread.pop(0)
+      skipped = float(m_s["train/skipped"])
+      run.skips.count([skipped], [mesh_lib.fetch(m_s) if skipped else {}], s)
+
   for step in range(run.start_step, spec.steps):
     batch = spec.batch_at(step)
     host_metrics = batch.pop("host_metrics", {})
     batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, np.shape(v))) for k, v in batch.items()}
     state, m = update(state, batch, jax.random.fold_in(key, step))
-    skipped = float(m["train/skipped"])  # one flag per step: the non-finite streak is exact
-    run.skips.count([skipped], [mesh_lib.fetch(m) if skipped else {}], step + 1)
+    read_flags()  # the previous step's, while this one runs
+    unread.append((step + 1, m))
     if (step + 1) % spec.log_every == 0 or step + 1 == spec.steps:
+      read_flags()
       metrics = {k: float(v) for k, v in mesh_lib.fetch(m).items()}
       metrics.update(host_metrics)
       writers.write(step + 1, metrics)
@@ -67,7 +79,9 @@ def run_steps(ctx: Context, run: stage_run.StageRun, state: state_lib.TrainState
       log(f"{spec.stage} step {step + 1}/{spec.steps} | {rate:.1f} steps/s | ETA "
           f"{(spec.steps - step - 1) / max(rate, 1e-9):.0f}s | loss {metrics['train/loss']:.4f}{shown}")
     if run.due(step + 1) and (spec.save_last or step + 1 < spec.steps):
+      read_flags()
       run.save(step + 1, stage_run.state_items(state))
+  read_flags()
   writers.close()
   if main:
     metrics_lib.plot_curves(run.metrics_path, spec.curves, os.path.join(ctx.workdir, f"{spec.stage}_curves.png"),

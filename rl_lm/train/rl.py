@@ -390,12 +390,12 @@ class RLTrainer:
     correct_fn = evaluation.correct_from_reward(self.correctness)  # verifier faults: excluded, counted
     result = evaluation.evaluate(self.test_problems, sample_fn, correct_fn, cfg.num_samples,
                                  greedy_fn=greedy_fn if cfg.greedy else None)
-    # The configured reward's mean over the same samples: with a learned reward, the gold it stands in for.
-    by_prompt = {p.prompt: p for p in self.test_problems}
-    scored = self.reward.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])
-    valid = [r.score for r in scored if r.valid]
-    if valid:
-      result.extra["gold_mean" if self.learned is not None else "reward_mean"] = float(np.mean(valid))
+    if self.learned is not None:  # the gold the learned reward stands in for, on the same samples
+      by_prompt = {p.prompt: p for p in self.test_problems}
+      scored = self.reward.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])
+      valid = [r.score for r in scored if r.valid]
+      if valid:
+        result.extra["gold_mean"] = float(np.mean(valid))
     evaluation.write_eval(result, self.ctx.workdir, step, label=label)
     return result
 
