@@ -19,7 +19,6 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
@@ -60,8 +59,8 @@ def pair_loss(model_cfg: Any):
 
   def loss_fn(params, batch, rng):
     del rng
-    tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]], axis=0)  # [2B, T]
-    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]], axis=0)  # [2B, T]
+    tokens, mask = preference.concat_pairs(batch["chosen_tokens"], batch["rejected_tokens"], batch["chosen_mask"],
+                                           batch["rejected_mask"])  # [2B, T]
     scores = heads.last_token_score(model_cfg, params, tokens, mask)  # [2B]
     chosen, rejected = preference.split_pairs(scores)
     return preference.bradley_terry_loss(chosen, rejected)
