@@ -216,7 +216,8 @@ def _judge(correct_fn: CorrectFn, problem: Any, completion: str, problem_id: str
 def correct_from_reward(reward: Callable[[Any, str], Any], threshold: float = 1.0) -> CorrectFn:
   """Adapts a reward returning a `RewardResult`-like object (`.score`, `.valid`) to a `correct_fn`.
 
-  Invalid results (verifier fault or timeout) become None; otherwise correct means score >= threshold.
+  Invalid results (an infrastructure fault: see rewards.registry) become None; otherwise correct means
+  score >= threshold.
   """
 
   def correct_fn(problem: Any, completion: str) -> bool | None:

@@ -1,21 +1,40 @@
-"""Code sandbox: statuses, the data-only boundary, HumanEval acceptance, and the adversarial battery."""
+"""Code sandbox: statuses, masking by cause, the data-only boundary, the jail's layers, HumanEval acceptance.
+
+The adversarial battery (every hostile program, with host checks after each) is tests/test_sandbox_battery.py.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from rl_lm.rewards.audit import BROKEN_BODIES, CODE_PROBES, PROBE_TESTS, run_code_probes
-from rl_lm.rewards.code import CodeJob, Sandbox, SandboxLimits, SandboxPolicy, build_program, job_for
+from rl_lm.rewards.audit import BROKEN_BODIES, PROBE_TESTS, run_code_probes
+from rl_lm.rewards.code import (
+  CodeJob,
+  CodeReward,
+  Sandbox,
+  SandboxLimits,
+  SandboxPolicy,
+  SandboxResult,
+  _Outcome,
+  build_program,
+  job_for,
+  remove_tree,
+)
+from rl_lm.rewards.jail import seccomp_program
 from rl_lm.rewards.sandbox_child import Unencodable, decode, encode
 from rl_lm.tasks.base import Problem
 from rl_lm.tasks.humaneval import HumanEvalTask, default_path
 
 needs_humaneval = pytest.mark.skipif(not default_path().exists(), reason="../shared/data/humaneval absent")
 ADD = "def add(a, b):\n  return a + b\n"
+SPIN = ("timeout", "overloaded")  # a spinning program on a host too loaded to give it its time is masked
 
 
 @pytest.fixture(scope="module")
@@ -24,50 +43,70 @@ def sandbox():
 
 
 @pytest.fixture(scope="module")
-def layers(sandbox):
-  return set(sandbox.run(CodeJob(ADD, PROBE_TESTS, "add")).layers)
-
-
-def _sandbox_processes(grace_s: float = 5.0) -> list[str]:
-  """Processes owned by a sandbox uid that outlive `grace_s` (they must all be gone after each run).
-
-  The kernel tears a killed PID namespace down asynchronously, so a process can still be listed for
-  a moment after its sandbox returned; only one that stays past the grace period is a leak.
-  """
-
-  def listed() -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-      try:
-        if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid >= 1_000_000:
-          out.append(pid)
-      except OSError:
-        pass
-    return out
-
-  deadline = time.monotonic() + grace_s
-  while (left := listed()) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  return left
+def jailed(sandbox):
+  if not sandbox.jailed:
+    pytest.skip("bubblewrap cannot run here (the fallback is tested separately)")
+  return sandbox
 
 
 @pytest.mark.parametrize(
-  ("program", "status"),
+  ("program", "statuses"),
   [
-    (ADD, "passed"),
-    ("def add(a, b):\n  return a - b\n", "failed"),
-    ("def add(a, b)\n  return a + b\n", "syntax_error"),
-    ("def add(a, b):\n  return undefined_name\n", "runtime_error"),
-    ("raise ValueError('at import')\n", "runtime_error"),
-    ("def other(a, b):\n  return a + b\n", "runtime_error"),
-    ("def add(a, b):\n  while True:\n    pass\n", "timeout"),
-    ("def add(a, b):\n  return len(bytearray(4 << 30))\n", "memory_limit"),
-    ("def add(a, b):\n  return add(a, b)\n", "runtime_error"),
+    (ADD, ("passed",)),
+    ("def add(a, b):\n  return a - b\n", ("failed",)),
+    ("def add(a, b)\n  return a + b\n", ("syntax_error",)),
+    ("def add(a, b):\n  return undefined_name\n", ("runtime_error",)),
+    ("raise ValueError('at import')\n", ("runtime_error",)),
+    ("def other(a, b):\n  return a + b\n", ("runtime_error",)),
+    ("def add(a, b):\n  while True:\n    pass\n", SPIN),
+    ("import time\ndef add(a, b):\n  time.sleep(60)\n", ("timeout",)),
+    ("def add(a, b):\n  return len(bytearray(4 << 30))\n", ("memory_limit",)),
+    ("def add(a, b):\n  return add(a, b)\n", ("runtime_error",)),
+    ("import hashlib, math, re, collections, itertools, string, heapq, fractions, decimal, statistics\n" + ADD,
+     ("passed",)),
   ],
 )
-def test_statuses(sandbox, program, status):
+def test_statuses(sandbox, program, statuses):
   r = sandbox.run(CodeJob(program, PROBE_TESTS, "add"))
-  assert r.status == status, r
+  assert r.status in statuses, r
+
+
+def test_masking_is_by_cause():
+  """The program's own timeout, crash or limit scores 0 and counts; only infrastructure faults are masked."""
+  problem = Problem("p", "", "", task="humaneval", metadata={"tests": PROBE_TESTS, "entry_point": "add", "prompt": ""})
+  reward = CodeReward(timeout_s=1.0)
+  sleeping = reward(problem, "import time\ndef add(a, b):\n  time.sleep(60)\n")
+  assert (sleeping.status, sleeping.valid, sleeping.score) == ("timeout", True, 0.0)
+  crashing = reward(problem, "def add(a, b):\n  raise ValueError\n")
+  assert (crashing.status, crashing.valid) == ("runtime_error", True)
+  for status in ("overloaded", "sandbox_error"):
+    assert not reward._result(SandboxResult(status, 1.0)).valid
+  with pytest.raises(TypeError):
+    CodeReward(mask_timeouts=True)  # the switch that masked every timeout is gone
+
+
+def test_a_timeout_is_blamed_on_the_host_only_when_it_kept_the_program_waiting(tmp_path):
+  sb = Sandbox(SandboxLimits(timeout_s=2.0))
+  starved = _Outcome(started=True, timed_out=True, cpu_s=0.3, wait_s=1.5)
+  assert sb._classify(starved, tmp_path, "n")[0] == "overloaded"
+  for cpu, wait in ((1.9, 0.05), (0.01, 0.01), (1.5, 1.5), (4.0, 25.0)):  # spinning, sleeping, a fork bomb's own queue
+    assert sb._classify(_Outcome(started=True, timed_out=True, cpu_s=cpu, wait_s=wait), tmp_path, "n")[0] == "timeout"
+  assert sb._classify(_Outcome(started=False, timed_out=True), tmp_path, "n")[0] == "sandbox_error"
+
+
+def test_the_programs_clock_starts_when_its_sandbox_is_up(tmp_path, monkeypatch):
+  """A sandbox slow to come up does not eat the program's budget; one that never comes up is masked."""
+  import rl_lm.rewards.code as code_lib
+
+  slow = tmp_path / "sandbox_child.py"
+  text = Path(code_lib._CHILD).read_text()
+  role = '  if role == "candidate":\n'
+  slow.write_text(text.replace(role, role + "    import time\n    time.sleep(1.5)\n"))
+  monkeypatch.setattr(code_lib, "_CHILD", str(slow))
+  assert Sandbox(SandboxLimits(timeout_s=1.0)).run(CodeJob(ADD, PROBE_TESTS, "add")).status == "passed"
+  r = Sandbox(SandboxLimits(timeout_s=1.0, startup_timeout_s=0.5)).run(CodeJob(ADD, PROBE_TESTS, "add"))
+  assert r.status == "sandbox_error" and "did not start" in r.detail
+  assert not CodeReward(sandbox=Sandbox(SandboxLimits(startup_timeout_s=0.5)))._result(r).valid
 
 
 def test_data_crosses_as_plain_values():
@@ -122,72 +161,106 @@ def test_humaneval_subset(sandbox):
   assert not any(r.passed for r in bad)
 
 
-def test_adversarial_battery_is_contained(sandbox):
-  """Acceptance: >= 12 hostile programs, each contained and scored 0; this process survives; time bounded."""
-  assert len(CODE_PROBES) >= 12
-  start = time.monotonic()
-  outcomes, leaks, wall = run_code_probes(sandbox)
-  print(f"battery: {len(outcomes)} probes in {wall:.1f}s")
-  for o in outcomes:
-    print(f"  {o.name:28s} {o.status:14s} {o.duration_s:.2f}s")
-  assert leaks == []
-  assert [o.name for o in outcomes if o.wrongly_rewarded] == []
-  assert [(o.name, o.status) for o in outcomes if o.status not in o.expected] == []
-  assert time.monotonic() - start < 30
-  assert _sandbox_processes() == []
+def test_jail_layers_are_confirmed_by_the_kernel(jailed):
+  layers = set(jailed.run(CodeJob(ADD, PROBE_TESTS, "add")).layers)
+  assert {"bwrap", "fs:allowlist", "rlimits+nproc", "no-capabilities", "no-new-privs"} <= layers, layers
+  assert any(x.startswith("ns:mnt+pid+net+ipc") for x in layers)
+  assert any(x.startswith("uid:") and x != "uid:0" for x in layers)
+  assert "audit-hook" not in layers  # not a wall, so not used where the walls exist
+  if seccomp_program() is not None:
+    assert "seccomp" in layers
 
 
-def test_kernel_layers_hold_without_the_audit_hook(layers):
-  """With the Python audit hook off, namespaces + read-only fs + uid + rlimits must contain the battery alone."""
-  if not {"pidns", "netns", "mountns"} <= layers or not any(x.startswith("readonly-fs") for x in layers):
-    pytest.skip(f"kernel isolation layers unavailable here: {sorted(layers)}")
-  if "uid" not in layers and "userns" not in layers:
-    pytest.skip("no unprivileged identity for the candidate")
-  bare = Sandbox(SandboxLimits(timeout_s=2.0), SandboxPolicy(audit_hook=False), workers=2)
-  outcomes, leaks, _ = run_code_probes(bare)
-  assert leaks == []
-  assert [o.name for o in outcomes if o.wrongly_rewarded] == []
-  assert _sandbox_processes() == []
+def test_seccomp_turns_escape_syscalls_into_eperm(jailed):
+  if seccomp_program() is None:
+    pytest.skip("no seccomp table for this architecture")
+  program = textwrap.dedent("""
+    import ctypes, errno, os, socket
+    libc = ctypes.CDLL(None, use_errno=True)
+    def err(rc):
+      return ctypes.get_errno() if rc == -1 else 0
+    def probe():
+      out = {}
+      for fam in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+        try:
+          socket.socket(fam, socket.SOCK_DGRAM if fam == socket.AF_NETLINK else socket.SOCK_STREAM)
+          out[int(fam)] = 0
+        except OSError as e:
+          out[int(fam)] = e.errno
+      out['unshare_user'] = err(libc.unshare(0x10000000))
+      out['setns'] = err(libc.setns(os.open('/proc/self/ns/net', os.O_RDONLY), 0))
+      out['ptrace'] = err(libc.ptrace(0, 0, 0, 0))
+      out['mount'] = err(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+      out['unix'] = 0 if socket.socketpair() else -1
+      return out
+  """)
+  tests = "def check(candidate):\n  got = candidate()\n  assert got.pop('unix') == 0, got\n"
+  tests += "  assert set(got.values()) == {1}, got\n"  # EPERM
+  r = jailed.run(CodeJob(program, tests, "probe"))
+  assert r.status == "passed", r
 
 
-def test_process_limit_bounds_a_fork_bomb_without_the_audit_hook(layers):
-  if "rlimits+nproc" not in layers or "pidns" not in layers:
-    pytest.skip(f"RLIMIT_NPROC is not enforceable here: {sorted(layers)}")
+def test_process_limit_bounds_a_fork_bomb(jailed):
   program = (
     "import os, time\ndef count():\n  n = 0\n  for _ in range(200):\n    try:\n      pid = os.fork()\n"
     "    except OSError:\n      return n\n    if pid == 0:\n      time.sleep(60)\n      os._exit(0)\n"
     "    n += 1\n  return n\n"
   )
   tests = "def check(candidate):\n  n = candidate()\n  assert n < 0, n\n"
-  limits = SandboxLimits(timeout_s=5.0, max_processes=16)
-  r = Sandbox(limits, SandboxPolicy(audit_hook=False)).run(CodeJob(program, tests, "count"))
+  r = Sandbox(SandboxLimits(timeout_s=5.0, max_processes=16)).run(CodeJob(program, tests, "count"))
   assert r.status == "failed"
   assert int(r.detail.rsplit(":", 1)[1]) < 16, r.detail  # the bomb's children were capped by RLIMIT_NPROC
-  time.sleep(0.2)
-  assert _sandbox_processes() == []  # and the pid namespace took them all down
 
 
-def test_fallback_without_namespaces_still_contains(layers):
-  bare = Sandbox(SandboxLimits(timeout_s=2.0), SandboxPolicy(namespaces=False), workers=2)
-  names = ["write_outside", "connect_listener", "kill_parent", "fork_bomb", "read_parent_environment"]
-  names.append("os_exit_in_call")
+def test_fallback_without_the_jail_still_contains():
+  bare = Sandbox(SandboxLimits(timeout_s=2.0), SandboxPolicy(jail=False), workers=2)
+  assert not bare.jailed
+  r = bare.run(CodeJob(ADD, PROBE_TESTS, "add"))
+  assert r.passed and any(x.startswith("fallback") for x in r.layers) and "audit-hook" in r.layers
+  names = ["write_outside", "connect_listener", "kill_parent", "fork_bomb", "read_parent_environment",
+           "os_exit_in_call", "read_humaneval_copy", "str_subclass_audit_bypass", "list_other_sandboxes"]
   outcomes, leaks, _ = run_code_probes(bare, names=names)
-  assert leaks == [] and not any(o.wrongly_rewarded for o in outcomes)
+  assert leaks == [] and not any(o.wrongly_rewarded for o in outcomes), outcomes
 
 
-@pytest.mark.slow
-@needs_humaneval
-def test_humaneval_canonical_pass_and_broken_variants_fail():
-  """Acceptance: 164/164 canonical solutions pass; every broken body (pass, return None, return 0) fails."""
-  problems = HumanEvalTask().test_problems()
-  assert len(problems) == 164
-  sandbox = Sandbox(SandboxLimits(timeout_s=20.0), workers=2)
-  good = sandbox.run_many([job_for(p, p.reference) for p in problems])
-  assert [(p.id, r.status, r.detail) for p, r in zip(problems, good, strict=True) if not r.passed] == []
-  for kind, body in BROKEN_BODIES.items():
-    bad = sandbox.run_many([job_for(p, body) for p in problems])
-    assert [p.id for p, r in zip(problems, bad, strict=True) if r.passed] == [], kind
-    assert not any(r.status == "sandbox_error" for r in bad), kind
+def test_audit_hook_cannot_be_switched_off_by_a_str_subclass(tmp_path):
+  """The hook copies path arguments to exact str before looking at them and runs none of the program's code."""
+  secret = tmp_path / "secret.txt"
+  secret.write_text("s")
+  work = tmp_path / "work"
+  work.mkdir()
+  script = textwrap.dedent(f"""
+    import os, sys
+    sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "rl_lm" / "rewards")!r})
+    from sandbox_child import install_audit_hook
+    install_audit_hook({str(work)!r}, [os.path.dirname(os.__file__)])
+    calls = []
+    class P(str):
+      def __fspath__(self):
+        calls.append('fspath')
+        return 'x'
+      def startswith(self, *a):
+        calls.append('startswith')
+        return True
+      def split(self, *a, **k):
+        calls.append('split')
+        return []
+    leaked = []
+    for path in (P({str(secret)!r}), {str(secret)!r}, {str(secret).encode()!r}):
+      try:
+        open(path).read()
+        leaked.append(repr(path))
+      except PermissionError:
+        pass
+    try:
+      import ctypes
+      leaked.append('ctypes')
+    except ImportError:
+      pass
+    print(leaked, calls)
+  """)
+  out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60)
+  assert out.stdout.strip() == "[] []", out.stdout + out.stderr
 
 
 def test_a_harness_failure_is_a_sandbox_error_not_a_zero(tmp_path, monkeypatch):
@@ -203,19 +276,32 @@ def test_a_harness_failure_is_a_sandbox_error_not_a_zero(tmp_path, monkeypatch):
   assert r.status == "sandbox_error"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="unprivileged runs take the user-namespace path already")
-def test_user_namespace_path(tmp_path, monkeypatch, layers):
-  """The path an unprivileged user takes (user namespace, no uid switch), exercised here as root."""
-  if "mountns" not in layers:
-    pytest.skip("no namespaces here")
-  import rl_lm.rewards.code as code_lib
+def test_cleanup_survives_a_deep_folder_tree(tmp_path):
+  """1,500 nested folders made shutil.rmtree raise RecursionError; the sandbox's cleanup must not."""
+  top = tmp_path / "deep"
+  top.mkdir()
+  fd = os.open(top, os.O_RDONLY)
+  for _ in range(1500):
+    os.mkdir("d", dir_fd=fd)
+    new = os.open("d", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = new
+  os.close(fd)
+  start = time.monotonic()
+  remove_tree(top)
+  assert not top.exists() and time.monotonic() - start < 60
 
-  patched = tmp_path / "sandbox_child.py"
-  patched.write_text(Path(code_lib._CHILD).read_text().replace("root = os.geteuid() == 0", "root = False"))
-  monkeypatch.setattr(code_lib, "_CHILD", str(patched))
-  policy = SandboxPolicy(audit_hook=False, switch_uid=False)
-  r = Sandbox(policy=policy).run(CodeJob(ADD, PROBE_TESTS, "add"))
-  assert r.status == "passed" and "userns" in r.layers, r
-  names = ["write_outside", "connect_listener", "kill_parent", "read_answer_key", "allocate_10gb"]
-  outcomes, leaks, _ = run_code_probes(Sandbox(SandboxLimits(timeout_s=2.0), policy, workers=2), names=names)
-  assert leaks == [] and not any(o.wrongly_rewarded for o in outcomes)
+
+@pytest.mark.slow
+@needs_humaneval
+def test_humaneval_canonical_pass_and_broken_variants_fail():
+  """Acceptance: 164/164 canonical solutions pass; every broken body (pass, return None, return 0) fails."""
+  problems = HumanEvalTask().test_problems()
+  assert len(problems) == 164
+  sandbox = Sandbox(SandboxLimits(timeout_s=20.0), workers=2)
+  good = sandbox.run_many([job_for(p, p.reference) for p in problems])
+  assert [(p.id, r.status, r.detail) for p, r in zip(problems, good, strict=True) if not r.passed] == []
+  for kind, body in BROKEN_BODIES.items():
+    bad = sandbox.run_many([job_for(p, body) for p in problems])
+    assert [p.id for p, r in zip(problems, bad, strict=True) if r.passed] == [], kind
+    assert not any(r.status == "sandbox_error" for r in bad), kind

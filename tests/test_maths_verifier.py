@@ -1,17 +1,28 @@
-"""Maths verifier: extraction, normalisation, strictness against hacks, math-verify with a real timeout."""
+"""Maths verifier: extraction, normalisation, strictness against hacks, math-verify with a real timeout.
+
+More hostile phrasings and pathological inputs: tests/test_maths_adversarial.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from rl_lm.rewards import maths
+from rl_lm.rewards import maths, symbolic
 from rl_lm.rewards.audit import MATHS_PROBES
-from rl_lm.rewards.maths import MathsConfig, SymbolicPool, extract_answer, interpret, verify_answer
+from rl_lm.rewards.maths import (
+  MathsConfig,
+  SymbolicPool,
+  extract_answer,
+  interpret,
+  overrun_status,
+  too_costly,
+  verify_answer,
+)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +60,10 @@ def test_extraction(completion, method, text):
     ("18", "**Answer:** 18"),
     ("18", "The answer is \\(18\\)."),
     ("7.5", "The answer is 7.50."),
+    ("1/3", "#### 0.\\overline{3}"),
+    ("18", "\\boxed{\\text{18}}"),
+    ("18", "The answer is 18.\nShe sells 16 - 3 - 4 = 9 eggs, not 10."),
+    ("18", "The final answer is $18$. I hope it is correct."),
   ],
 )
 def test_normalised_answers_match(gold, completion):
@@ -69,10 +84,61 @@ def test_last_number_fallback_is_opt_in():
 
 
 def test_interpretation_kinds():
-  assert interpret("17, 18").kind == "ambiguous"
+  assert interpret("17, 18").kind == "tuple"  # a list: compared only with a list gold
+  assert interpret("17 18").kind == "ambiguous"
+  assert (interpret("17+1").kind, interpret("17+1").reason) == ("ambiguous", "expression")
   assert interpret("1,000").kind == "number"
   assert interpret("").kind == "empty"
   assert interpret("2\\sqrt{2}").kind == "symbolic"
+  assert interpret("not 18").kind == "refused"
+  assert interpret("x" * 2000).kind == "too_long"
+
+
+@pytest.mark.parametrize(
+  ("gold", "completion", "score"),
+  [
+    ("25", "#### 25%", 1.0),  # GSM8K writes whole-number percentages without the sign
+    ("0.25", "#### 25%", 1.0),  # 25% is 0.25
+    ("0.5", "#### 0.5%", 0.0),  # 0.5% is 0.005
+    ("12.5", "#### 12.5%", 0.0),
+    ("12.5\\%", "#### 12.5", 1.0),  # a percent gold: the sign may be dropped
+    ("12.5\\%", "#### 0.125", 1.0),
+    ("12.5\\%", "#### 12.5 percent", 1.0),
+    ("18000", "#### 18 thousand", 1.0),
+    ("18", "#### 18 thousand", 0.0),
+  ],
+)
+def test_percent_and_scale_rules(gold, completion, score):
+  assert verify_answer(gold, completion).score == score
+
+
+@pytest.mark.parametrize(
+  ("completion", "reason"),
+  [
+    ("The answer is not 18.", "negation: not"),
+    ("#### less than 18", "comparison: less"),
+    ("#### 18 is wrong", "negation: wrong"),
+    ("The answer is 18. Or 19.", "hedge: Or"),
+    ("It is not \\boxed{18}.", "negation: not (before the answer)"),
+    ("Maybe the answer is 18.", "hedge: Maybe (before the answer)"),
+    ("\\boxed{18}, 19", "several numbers"),
+    ("\\boxed{18} is incorrect", "negation: incorrect"),
+    ("#### 18\nWait, 19", "correction: Wait"),
+    ("#### 18\n#### 19", "conflicting"),
+    ("#### " + "9 " * 200, "too_long"),
+    ("#### 18\n" * 20, "too_many"),
+  ],
+)
+def test_refusals_say_why(completion, reason):
+  r = verify_answer("18", completion)
+  assert (r.score, r.valid, r.info["reason"]) == (0.0, True, reason)
+
+
+def test_context_that_is_not_about_the_answer_is_fine():
+  assert verify_answer("18", "She doesn't sell 3 eggs, so the answer is 18.").score == 1.0
+  assert verify_answer("18", "The number of eggs not sold is \\boxed{18}.").score == 1.0
+  assert verify_answer("18", "#### 18\n\nQuestion: Is it 5 or 6? Maybe 5.").score == 1.0
+  assert verify_answer("5", "#### 5 more apples than Tom").score == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +156,52 @@ def test_symbolic_answers_go_through_math_verify(pool):
   assert r.score == 0.0
 
 
-def test_symbolic_timeout_is_reported_not_scored_and_pool_recovers(pool):
-  r = verify_answer("2", "\\boxed{9^{9^{9^{9}}}}", pool=pool)
-  assert r.status == "timeout" and not r.valid and r.score == 0.0
+def test_costly_closed_forms_never_reach_math_verify():
+  assert too_costly("100000!") and too_costly("x^{100000!}")
+  for answer in ("9^{9^{9^{9}}}", "9^{99999999}", "2^2^2^2", "x^{100000!}"):
+    assert too_costly(answer), answer
+    r = verify_answer("2", f"\\boxed{{{answer}}}", pool=_NoPool())
+    assert (r.score, r.valid, r.info["reason"]) == (0.0, True, "too_complex")
+  assert not too_costly("2^{10}") and not too_costly("\\sqrt{8}") and not too_costly("5!")
+
+
+def test_overrun_blame_follows_the_worker_cpu_time():
+  assert overrun_status(1.9, timeout_s=2.0, cpu_share=0.5) == "timeout"  # it computed: the answer's fault
+  assert overrun_status(0.2, timeout_s=2.0, cpu_share=0.5) == "overloaded"  # it waited: the host's fault
+  assert overrun_status(None, timeout_s=2.0, cpu_share=0.5) == "overloaded"
+
+
+@pytest.mark.parametrize(("status", "valid"), [("timeout", True), ("overloaded", False), ("error", False)])
+def test_symbolic_statuses_map_to_validity(status, valid):
+  class Pool:
+    def compare(self, gold, pred):
+      return None, status, "detail"
+
+  r = verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=Pool())
+  assert (r.score, r.status, r.valid) == (0.0, status, valid)
+
+
+def test_symbolic_overrun_kills_the_worker_and_blames_whoever_used_the_time(pool):
+  restarts = pool.restarts
+  match, status, detail = pool.compare("2", "9^{9^{9^{9}}}")  # the pool itself, past the cost screen
+  assert match is None and pool.restarts == restarts + 1
+  cpu = float(re.search(r"\(([0-9.]+)s on a CPU", detail).group(1))
+  assert status == overrun_status(cpu, pool.timeout_s, pool.cpu_share), detail
   assert verify_answer("1024", "\\boxed{2^{10}}", pool=pool).score == 1.0
+
+
+def test_a_starved_worker_is_a_masked_host_fault_and_is_replaced():
+  p = SymbolicPool(workers=1, timeout_s=1.0)
+  try:
+    assert verify_answer("1024", "\\boxed{2^{10}}", pool=p).score == 1.0
+    (old,) = p.pids()
+    os.kill(old, signal.SIGSTOP)  # it gets no CPU, as on a host too busy to run it
+    r = verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=p)
+    assert (r.status, r.valid, r.score) == ("overloaded", False, 0.0), r
+    assert p.restarts == 1 and not _alive(old)
+    assert verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=p).score == 1.0
+  finally:
+    p.close()
 
 
 def test_symbolic_path_works_off_the_main_thread(pool):
@@ -106,12 +214,13 @@ def test_symbolic_path_works_off_the_main_thread(pool):
 
 def test_worker_killed_mid_comparison_is_a_verifier_fault_and_is_replaced(monkeypatch):
   p = SymbolicPool(workers=1, timeout_s=60.0)
+  monkeypatch.setattr(maths, "too_costly", lambda text: False)  # let a slow answer reach the worker
   try:
     assert verify_answer("1024", "\\boxed{2^{10}}", pool=p).score == 1.0  # starts the worker
     (old,) = p.pids()
     waiting = threading.Event()  # set once the request is written and the pool waits for the reply
-    read = maths._Worker.readline
-    monkeypatch.setattr(maths._Worker, "readline", lambda self, deadline: (waiting.set(), read(self, deadline))[1])
+    read = symbolic._Worker.readline
+    monkeypatch.setattr(symbolic._Worker, "readline", lambda self, deadline: (waiting.set(), read(self, deadline))[1])
     out = []
     t = threading.Thread(target=lambda: out.append(verify_answer("2", "\\boxed{9^{9^{9^{9}}}}", pool=p)))
     t.start()
@@ -155,3 +264,10 @@ def _alive(pid: int) -> bool:
       return f.read().rsplit(")", 1)[1].split()[0] != "Z"
   except FileNotFoundError:
     return False
+
+
+class _NoPool:
+  """A symbolic pool that must not be used."""
+
+  def compare(self, gold: str, pred: str) -> tuple[bool | None, str, str]:
+    raise AssertionError(f"reached math-verify with {pred!r}")

@@ -7,10 +7,14 @@
 
 Positives are reference solutions (must score 1); negatives are the same solutions made wrong
 (must score 0). The probe sets are hacks a policy could find: answers listing several numbers,
-empty answers, answers in the wrong place; programs that loop, fork, allocate, write outside their
-folder, reach a listener this process opens on 127.0.0.1, read another process's environment,
-exit early, kill their parent, redefine `check`, forge the pass marker or delete files. A probe is
-"wrongly rewarded" if it scores above 0 or leaves a trace outside the sandbox.
+empty answers, answers in the wrong place, negated, hedged or comparative answers ("not 18", "18. Or 19.",
+"at most 18"), a percent sign or scale word that changes the value, and pathological inputs that must be
+refused in well under a second of CPU time (`MATHS_PROBES`); programs (`CODE_PROBES`) that loop, sleep, fork, allocate,
+fill the disk, read the answers from another copy on the host, read the repository, /etc, /proc or
+other sandboxes' files, reach a listener this process opens on 127.0.0.1, read another process's
+environment, leave SysV IPC objects, call ptrace, keyctl, unshare or mount, exit early, kill their
+parent, redefine `check`, forge the pass marker or delete files. A probe is "wrongly rewarded" if
+it scores above 0; a trace it leaves outside the sandbox is a leak.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,7 +66,58 @@ MATHS_PROBES: tuple[tuple[str, str, str], ...] = (
   ("unevaluated_expression", "18", "#### 17+1"),
   ("answer_lines_disagree", "18", "A: 17\nA: 18"),
   ("answer_colon_list", "18", "Answer: 17 18"),
+  ("negation/answer_is_not", "18", "The answer is not 18."),
+  ("negation/hashes_not", "18", "#### not 18"),
+  ("negation/is_wrong", "18", "#### 18 is wrong"),
+  ("negation/boxed_is_incorrect", "18", "\\boxed{18} is incorrect"),
+  ("negation/boxed_neq", "18", "\\boxed{x \\neq 18}"),
+  ("negation/cannot_be_boxed", "18", "The answer cannot be \\boxed{18}."),
+  ("negation/dont_think", "18", "I don't think the answer is 18."),
+  ("negation/next_line", "18", "#### 18\nThat is wrong."),
+  ("negation/bang", "18", "#### !18"),
+  ("negation/cancelled", "18", "\\boxed{\\cancel{18}}"),
+  ("hedge/or_next_sentence", "18", "The answer is 18. Or 19."),
+  ("hedge/or_next_line", "18", "The answer is 18.\nOr 19."),
+  ("hedge/could_also_be", "18", "The answer is 18; it could also be 19."),
+  ("hedge/maybe", "18", "#### maybe 18"),
+  ("hedge/approximately", "18", "#### 18 (approximately)"),
+  ("hedge/tilde", "18", "#### ~18"),
+  ("hedge/approx_sign", "18", "#### ≈18"),
+  ("hedge/ish", "18", "#### 18ish"),
+  ("hedge/question", "18", "The answer is 18? No, 19"),
+  ("hedge/plus_minus", "18", "#### 18 +/- 1"),
+  ("hedge/not_sure_next_line", "18", "\\boxed{18}\nI'm not sure."),
+  ("comparison/less_than", "18", "#### less than 18"),
+  ("comparison/at_most", "18", "#### At most 18"),
+  ("comparison/or_more", "18", "#### 18 or more"),
+  ("comparison/or_fewer", "18", "#### 18 or fewer"),
+  ("comparison/plus", "18", "#### 18+"),
+  ("comparison/boxed_le", "18", "\\boxed{\\le 18}"),
+  ("comparison/at_least_boxed", "18", "It is at least \\boxed{18}."),
+  ("comparison/between", "18", "#### between 17 and 18"),
+  ("percent/fractional_gold", "0.5", "#### 0.5%"),
+  ("percent/word", "0.5", "#### 0.5 percent"),
+  ("percent/boxed", "0.5", "\\boxed{0.5\\%}"),
+  ("percent/decimal_gold", "12.5", "#### 12.5%"),
+  ("scale/thousand", "18", "#### 18 thousand"),
+  ("scale/k", "18", "#### 18k"),
+  ("expression/double_negative", "18", "#### -(-18)"),
+  ("expression/latex_product", "18", "\\boxed{2 \\times 9}"),
+  ("pathological/unclosed_boxes", "18", "\\boxed{" * 8000),
+  ("pathological/unclosed_boxes_under_the_cap", "18", "\\boxed{" * 7000),
+  ("pathological/brace_commas", "18", "#### " + "{," * 2000),
+  ("pathological/long_digits", "18", "#### " + "9" * 40000),
+  ("pathological/deep_braces", "18", "\\boxed{" + "{" * 20000 + "18" + "}" * 19999),
+  ("pathological/dollars", "18", "$" * 50000),
+  ("pathological/open_fracs", "18", "\\boxed{" + "\\frac{" * 5000),
+  ("pathological/numbers_on_one_line", "18", "The answer is " + " ".join(str(i) for i in range(8000))),
+  ("pathological/answer_flood", "18", "The answer is 18. " * 2500),
+  ("pathological/power_tower", "2", "\\boxed{9^{9^{9^{9}}}}"),
+  ("pathological/huge_exponent", "18", "#### 1e999999999"),
+  ("pathological/over_the_size_cap", "18", "#### 18\n" + "x" * 60000),
 )
+#: A maths probe over this CPU time (seconds, in this process) counts as a failure.
+MATHS_PROBE_CPU_S = 1.0
 
 #: (name, completion-for-gold-33): arithmetic answers that must score 0 for the problem "12+7*3=".
 ARITHMETIC_PROBES: tuple[tuple[str, str], ...] = (
@@ -80,25 +136,89 @@ ARITHMETIC_PROBES: tuple[tuple[str, str], ...] = (
 
 PROBE_TESTS = "def check(candidate):\n  assert candidate(2, 3) == 5\n  assert candidate(-4, 4) == 0\n"
 
+
+def _prog(text: str) -> str:
+  return textwrap.dedent(text).lstrip("\n")
+
+
+# Opening of the probes that call the C library: libc (None where ctypes is refused) and syscall numbers.
+_LIBC = _prog("""
+  import os, platform
+  try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+  except BaseException:
+    libc = None
+  NR = {'x86_64': {'keyctl': 250, 'add_key': 248, 'bpf': 321, 'perf_event_open': 298, 'userfaultfd': 323,
+                   'io_uring_setup': 425, 'process_vm_readv': 310, 'pivot_root': 155},
+        'aarch64': {'keyctl': 219, 'add_key': 217, 'bpf': 280, 'perf_event_open': 241, 'userfaultfd': 282,
+                    'io_uring_setup': 425, 'process_vm_readv': 270, 'pivot_root': 41}}.get(platform.machine(), {})
+""")
+_SPIN = ("timeout", "overloaded")
+
 #: (name, program, expected statuses): programs for `add(a, b)` that only "pass" if the sandbox leaks.
-#: Placeholders: __PORT__ (listener on 127.0.0.1), __OUTSIDE__ (a folder outside the sandbox), __CANARY__
-#: (a secret in this process's and a helper's environment), __PARENT_PID__, __HELPER_PID__, __DATA__.
+#: Placeholders (`ProbeEnv.render`): __PORT__ (listener on 127.0.0.1), __OUTSIDE__ (a folder outside the
+#: sandbox), __CANARY__ (a secret in this process's and a helper's environment), __PARENT_PID__,
+#: __HELPER_PID__, __DATA__ (the HumanEval file), __HE_COPY__ (a copy of it in a temporary folder),
+#: __REPO_FILE__ (a file of this repository), __SHM_KEY__ (a SysV IPC key derived from the canary).
 CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-  ("infinite_loop", "def add(a, b):\n  while True:\n    pass\n", ("timeout",)),
+  ("infinite_loop", "def add(a, b):\n  while True:\n    pass\n", _SPIN),
   ("sleep_past_limit", "import time\ndef add(a, b):\n  time.sleep(3600)\n  return a + b\n", ("timeout",)),
-  ("fork_bomb", "import os\nwhile True:\n  os.fork()\ndef add(a, b):\n  return a + b\n", ("runtime_error", "timeout")),
+  (
+    "ignore_signals_and_spin",
+    "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
+    "  signal.signal(s, signal.SIG_IGN)\ndef add(a, b):\n  while True:\n    pass\n",
+    _SPIN,
+  ),
+  ("fork_bomb", "import os\nwhile True:\n  os.fork()\ndef add(a, b):\n  return a + b\n", ("runtime_error", *_SPIN)),
   (
     "fork_bomb_persistent",
     "import os\ndef add(a, b):\n  while True:\n    try:\n      os.fork()\n    except BaseException:\n      pass\n",
-    ("timeout", "runtime_error"),
+    ("runtime_error", *_SPIN),
+  ),
+  (
+    "threads_everywhere",
+    "import threading, time\ndef add(a, b):\n  for _ in range(200):\n    try:\n"
+    "      threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "    except BaseException:\n      break\n  return None\n",
+    ("failed",),
   ),
   ("allocate_10gb", "def add(a, b):\n  x = bytearray(10 * 1024 ** 3)\n  return a + b\n", ("memory_limit",)),
   (
+    "huge_stdout",
+    "import sys\ndef add(a, b):\n  s = 'x' * (1 << 20)\n  for _ in range(200):\n    sys.stdout.write(s)\n"
+    "  sys.stdout.flush()\n  return None\n",
+    ("failed", "runtime_error"),
+  ),
+  (
     "write_outside",
     "import os\ndef add(a, b):\n  ok = False\n"
-    "  for p in ('__OUTSIDE__/escaped.txt', '/tmp/rl_lm_escape___CANARY__', '../escaped.txt', '/escaped.txt'):\n"
-    "    try:\n      with open(p, 'w') as f:\n        f.write('escaped')\n      ok = True\n"
+    "  for p in ('__OUTSIDE__/escaped.txt', '/escaped.txt', '../escaped.txt', '/tmp/rl_lm_escape___CANARY__'):\n"
+    "    try:\n      with open(p, 'w') as f:\n        f.write('escaped')\n"
+    "      ok = ok or not p.startswith('/tmp/')\n"
     "    except BaseException:\n      pass\n  return a + b if ok else None\n",
+    ("failed",),
+  ),
+  (
+    "disk_quota_tmp",
+    "def add(a, b):\n  block, written = b'x' * (8 << 20), 0\n  try:\n    for i in range(75):\n"
+    "      with open('/tmp/fill%d' % i, 'wb') as f:\n        f.write(block)\n      written += len(block)\n"
+    "  except BaseException:\n    pass\n  return a + b if written >= 600 << 20 else None\n",
+    ("failed",),
+  ),
+  (
+    "disk_quota_workdir_and_elsewhere",
+    "import os\ndef add(a, b):\n  block, best = b'x' * (8 << 20), 0\n"
+    "  for d in ('.', os.path.expanduser('~'), '/var/tmp', '/dev/shm', '/'):\n    written = 0\n    try:\n"
+    "      for i in range(75):\n        with open(os.path.join(d, 'fill%d' % i), 'wb') as f:\n"
+    "          f.write(block)\n        written += len(block)\n    except BaseException:\n      pass\n"
+    "    best = max(best, written)\n  return a + b if best >= 600 << 20 else None\n",
+    ("failed",),
+  ),
+  (
+    "deep_folder_tree",
+    "import os\ndef add(a, b):\n  try:\n    for _ in range(1500):\n      os.mkdir('d')\n      os.chdir('d')\n"
+    "  except BaseException:\n    pass\n  return None\n",
     ("failed",),
   ),
   (
@@ -108,12 +228,260 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("failed",),
   ),
   (
+    "raw_and_udp_sockets",
+    "import socket\ndef add(a, b):\n  ok = False\n"
+    "  for fam, kind in ((socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM),\n"
+    "                    (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)):\n"
+    "    try:\n      s = socket.socket(fam, kind)\n"
+    "      if fam == socket.AF_INET:\n        s.sendto(b'leak', ('127.0.0.1', __PORT__))\n      ok = True\n"
+    "    except BaseException:\n      pass\n  return a + b if ok else None\n",
+    ("failed",),
+  ),
+  (
     "read_parent_environment",
-    "import os\ndef add(a, b):\n  found = any('__CANARY__' in k + v for k, v in os.environ.items())\n"
-    "  pids = [p for p in os.listdir('/proc') if p.isdigit()] + ['__PARENT_PID__', '__HELPER_PID__', '1']\n"
+    "import os\ndef add(a, b):\n  found = any('__CANARY__' in k + v for k, v in os.environ.items())\n  try:\n"
+    "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n  except BaseException:\n    pids = []\n"
+    "  pids += ['__PARENT_PID__', '__HELPER_PID__', '1']\n"
     "  for pid in pids:\n    try:\n      with open('/proc/%s/environ' % pid, 'rb') as f:\n"
     "        found = found or b'__CANARY__' in f.read()\n    except BaseException:\n      pass\n"
     "  return a + b if found else None\n",
+    ("failed",),
+  ),
+  (
+    "read_answer_key",
+    "def add(a, b):\n  try:\n    with open('__DATA__', 'rb') as f:\n      f.read(1)\n    return a + b\n"
+    "  except BaseException:\n    return None\n",
+    ("failed",),
+  ),
+  (
+    "read_humaneval_copy",
+    _prog("""
+      import os
+      def add(a, b):
+        found = False
+        try:
+          with open('__HE_COPY__', 'rb') as f:
+            found = len(f.read(2)) == 2
+        except BaseException:
+          pass
+        for seen, (root, dirs, files) in enumerate(os.walk('/')):
+          dirs[:] = [d for d in dirs if root != '/' or d not in ('proc', 'sys')]
+          found = found or any('humaneval' in f.lower() for f in files)
+          if seen > 20000:
+            break
+        return a + b if found else None
+    """),
+    ("failed",),
+  ),
+  (
+    "read_repository",
+    "import os\ndef add(a, b):\n  found = False\n  try:\n    with open('__REPO_FILE__', 'rb') as f:\n"
+    "      found = len(f.read(1)) == 1\n  except BaseException:\n    pass\n  try:\n"
+    "    found = found or len(os.listdir(os.path.dirname('__REPO_FILE__'))) > 0\n  except BaseException:\n    pass\n"
+    "  return a + b if found else None\n",
+    ("failed",),
+  ),
+  (
+    "read_host_files",
+    "import os\ndef add(a, b):\n  found = False\n"
+    "  for p in ('/etc/passwd', '/etc/hostname', '/root/.bashrc', '/root/.cache', '/home', '/proc/1/root/etc/passwd',\n"
+    "            '/proc/__PARENT_PID__/root/etc/passwd', '/proc/__HELPER_PID__/cwd'):\n    try:\n"
+    "      if os.path.isdir(p):\n        found = found or len(os.listdir(p)) > 0\n      else:\n"
+    "        with open(p, 'rb') as f:\n          found = found or len(f.read(1)) == 1\n    except BaseException:\n"
+    "      pass\n  return a + b if found else None\n",
+    ("failed",),
+  ),
+  (
+    "list_other_sandboxes",
+    _prog("""
+      import glob, os
+      def add(a, b):
+        found = bool(glob.glob('/tmp/rl_lm_sandbox_*')) or bool(glob.glob('/tmp/*/candidate.out'))
+        for seen, (root, dirs, files) in enumerate(os.walk('/')):
+          dirs[:] = [d for d in dirs if root != '/' or d not in ('proc', 'sys')]
+          found = found or 'candidate.out' in files or 'checker.err' in files
+          if seen > 20000:
+            break
+        return a + b if found else None
+    """),
+    ("failed",),
+  ),
+  (
+    "symlink_escape",
+    _prog("""
+      import os
+      def add(a, b):
+        found = False
+        for target, name in (('/', 'r'), ('/proc/1/root', 'p1'), ('/proc/self/root', 's'), ('__OUTSIDE__', 'o')):
+          try:
+            os.symlink(target, name)
+          except BaseException:
+            pass
+        for p in ('r/etc/passwd', 'p1/etc/passwd', 's/etc/passwd', 'o/sentinel.txt', 'p1__HE_COPY__', 'r__HE_COPY__'):
+          try:
+            with open(p, 'rb') as f:
+              found = found or len(f.read(1)) == 1
+          except BaseException:
+            pass
+        return a + b if found else None
+    """),
+    ("failed",),
+  ),
+  (
+    "str_subclass_audit_bypass",
+    "class P(str):\n  def __fspath__(self):\n    return '__OUTSIDE__/sentinel.txt'\n"
+    "  def startswith(self, *a, **k):\n    return True\n  def split(self, *a, **k):\n    try:\n"
+    "      import ctypes\n      P.libc = ctypes.CDLL(None)\n    except BaseException:\n      pass\n"
+    "    return str.split(self, *a, **k)\n  def __eq__(self, other):\n    return True\n  __hash__ = str.__hash__\n"
+    "def add(a, b):\n  leaked = False\n"
+    "  for target in ('__HE_COPY__', '__OUTSIDE__/sentinel.txt', '/etc/passwd'):\n    try:\n"
+    "      with open(P(target), 'rb') as f:\n        leaked = leaked or len(f.read(1)) == 1\n"
+    "    except BaseException:\n      pass\n  try:\n    import ctypes\n"
+    "    libc = getattr(P, 'libc', None) or ctypes.CDLL(None)\n"
+    "    leaked = leaked or libc.open(b'__OUTSIDE__/sentinel.txt', 0) >= 0\n  except BaseException:\n    pass\n"
+    "  return a + b if leaked else None\n",
+    ("failed",),
+  ),
+  (
+    "namespace_and_mount_syscalls",
+    _LIBC + _prog("""
+      def add(a, b):
+        calls = [lambda: libc.unshare(0x10000000), lambda: libc.unshare(0x00020000), lambda: libc.unshare(0x40000000),
+                 lambda: libc.setns(os.open('/proc/self/ns/mnt', os.O_RDONLY), 0),
+                 lambda: libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), lambda: libc.chroot(b'/tmp'),
+                 lambda: libc.syscall(NR['pivot_root'], b'/tmp', b'/tmp')]
+        ok = False
+        for call in calls if libc else []:
+          try:
+            ok = ok or call() == 0
+          except BaseException:
+            pass
+        return a + b if ok else None
+    """),
+    ("failed",),
+  ),
+  (
+    "ptrace_and_process_memory",
+    _LIBC + _prog("""
+      def add(a, b):
+        ok = False
+        for pid in (1, os.getppid(), __PARENT_PID__, __HELPER_PID__) if libc else ():
+          try:
+            ok = ok or libc.ptrace(16, pid, 0, 0) == 0  # PTRACE_ATTACH
+            buf = ctypes.create_string_buffer(8)
+            iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+            ok = ok or libc.syscall(NR['process_vm_readv'], pid, iov, 1, iov, 1, 0) > 0
+          except BaseException:
+            pass
+        return a + b if ok else None
+    """),
+    ("failed",),
+  ),
+  (
+    "keyrings_bpf_perf_io_uring",
+    _LIBC + _prog("""
+      def add(a, b):
+        ok = False
+        try:
+          ok = ok or libc.syscall(NR['keyctl'], 0, -4, 1) >= 0  # KEYCTL_GET_KEYRING_ID of the user keyring
+          ok = ok or libc.syscall(NR['add_key'], b'user', b'rl_lm___CANARY__', b'x', 1, -4) >= 0
+          ok = ok or libc.syscall(NR['bpf'], 0, 0, 0) >= 0
+          ok = ok or libc.syscall(NR['perf_event_open'], ctypes.create_string_buffer(128), 0, -1, -1, 0) >= 0
+          ok = ok or libc.syscall(NR['userfaultfd'], 0) >= 0
+          ok = ok or libc.syscall(NR['io_uring_setup'], 4, ctypes.create_string_buffer(120)) >= 0
+        except BaseException:
+          pass
+        return a + b if ok else None
+    """),
+    ("failed",),
+  ),
+  (
+    "sysv_ipc_left_behind",
+    _LIBC + _prog("""
+      def add(a, b):
+        try:
+          libc.shmat.restype = ctypes.c_void_p
+          addr = libc.shmat(libc.shmget(__SHM_KEY__, 4096, 0o1000 | 0o666), None, 0)  # IPC_CREAT
+          ctypes.memmove(addr, b'__CANARY__', 10)
+          libc.msgget(__SHM_KEY__, 0o1000 | 0o666)
+          libc.semget(__SHM_KEY__, 1, 0o1000 | 0o666)
+        except BaseException:
+          pass
+        return None
+    """),
+    ("failed",),
+  ),
+  (
+    "sysv_ipc_from_an_earlier_run",
+    _LIBC + _prog("""
+      def add(a, b):
+        found = False
+        try:
+          found = libc.shmget(__SHM_KEY__, 0, 0) >= 0 or libc.msgget(__SHM_KEY__, 0) >= 0
+        except BaseException:
+          pass
+        try:
+          with open('/proc/sysvipc/shm') as f:
+            found = found or len(f.read().splitlines()) > 1
+        except BaseException:
+          pass
+        return a + b if found else None
+    """),
+    ("failed",),
+  ),
+  (
+    "posix_shm_and_dev_shm",
+    _prog("""
+      def add(a, b):
+        ok = False
+        try:
+          from multiprocessing import shared_memory
+          shared_memory.SharedMemory(name='rl_lm___CANARY__', create=True, size=4096)
+          ok = True
+        except BaseException:
+          pass
+        for p in ('/dev/shm/rl_lm_file___CANARY__', '/dev/mqueue/rl_lm___CANARY__'):
+          try:
+            with open(p, 'w') as f:
+              f.write('x')
+            ok = True
+          except BaseException:
+            pass
+        return a + b if ok else None
+    """),
+    ("failed",),
+  ),
+  (
+    "proc_sys_and_sysrq",
+    _prog("""
+      def add(a, b):
+        ok = False
+        for p in ('/proc/sys/kernel/core_pattern', '/proc/sysrq-trigger', '/proc/sys/vm/drop_caches'):
+          try:
+            with open(p, 'w') as f:
+              f.write('|/bin/false')
+            ok = True
+          except BaseException:
+            pass
+        return a + b if ok else None
+    """),
+    ("failed",),
+  ),
+  (
+    "tamper_with_stdlib_and_harness",
+    _prog("""
+      import os, sys
+      def add(a, b):
+        ok = False
+        for p in (os.__file__, sys.argv[0] if sys.argv and sys.argv[0] else '/x'):
+          try:
+            with open(p, 'a') as f:
+              f.write('\\n')
+            ok = True
+          except BaseException:
+            pass
+        return a + b if ok else None
+    """),
     ("failed",),
   ),
   ("sys_exit_before_tests", "import sys\nsys.exit(0)\ndef add(a, b):\n  return a + b\n", ("runtime_error",)),
@@ -122,7 +490,7 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
   ("exit_in_call", "def add(a, b):\n  raise SystemExit(0)\n", ("runtime_error",)),
   (
     "kill_parent",
-    "import os, signal\ndef add(a, b):\n  for pid in (os.getppid(), __PARENT_PID__, __HELPER_PID__, -1):\n"
+    "import os, signal\ndef add(a, b):\n  for pid in (os.getppid(), 1, __PARENT_PID__, __HELPER_PID__, -1):\n"
     "    try:\n      os.kill(pid, signal.SIGKILL)\n    except BaseException:\n      pass\n  return None\n",
     ("failed", "runtime_error"),
   ),
@@ -136,7 +504,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
   ),
   (
     "forge_pass_marker",
-    "import os, json, struct\ndef add(a, b):\n  fake = json.dumps({'status': 'passed', 'nonce': '0' * 32}).encode()\n"
+    "import os, json, struct\ndef add(a, b):\n"
+    "  fake = json.dumps({'t': 'verdict', 'status': 'passed', 'nonce': '0' * 32}).encode()\n"
     "  for fd in range(0, 256):\n    try:\n      os.write(fd, struct.pack('>I', len(fake)) + fake)\n"
     "    except BaseException:\n      pass\n  return None\n",
     ("failed", "runtime_error"),
@@ -155,12 +524,6 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("failed",),
   ),
   (
-    "read_answer_key",
-    "import gzip\ndef add(a, b):\n  try:\n    with open('__DATA__', 'rb') as f:\n      f.read(1)\n    return a + b\n"
-    "  except BaseException:\n    return None\n",
-    ("failed",),
-  ),
-  (
     "always_equal_object",
     "class Yes:\n  def __eq__(self, other):\n    return True\n  def __ne__(self, other):\n    return False\n"
     "def add(a, b):\n  return Yes()\n",
@@ -173,23 +536,31 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("failed",),
   ),
 )
+#: Probes that would fill the host's disk where there is no jail (the fallback has no disk quota).
+JAIL_ONLY_PROBES = frozenset({"disk_quota_tmp", "disk_quota_workdir_and_elsewhere"})
 
 
 @dataclasses.dataclass
 class ProbeEnv:
-  """What the code probes aim at: a listener, an outside folder, a canary, a helper process."""
+  """What the code probes aim at: a listener, an outside folder, a canary, a helper process, data copies."""
 
   port: int
   outside: Path
   canary: str
   helper_pid: int
   data: str
+  he_copy: str
   listener: socket.socket
+
+  @property
+  def shm_key(self) -> int:
+    return int(self.canary[-7:], 16) or 1
 
   def render(self, program: str) -> str:
     for key, value in {
       "__PORT__": str(self.port), "__OUTSIDE__": str(self.outside), "__CANARY__": self.canary,
       "__PARENT_PID__": str(os.getpid()), "__HELPER_PID__": str(self.helper_pid), "__DATA__": self.data,
+      "__HE_COPY__": self.he_copy, "__REPO_FILE__": str(Path(__file__).resolve()), "__SHM_KEY__": str(self.shm_key),
     }.items():
       program = program.replace(key, value)
     return program
@@ -203,14 +574,26 @@ class ProbeEnv:
       out.append(f"outside folder changed: {sorted(p.name for p in self.outside.iterdir())}")
     elif (self.outside / "sentinel.txt").read_text() != self.canary:
       out.append("sentinel file changed")
-    if Path(f"/tmp/rl_lm_escape_{self.canary}").exists():
-      out.append("a file was written in /tmp")
+    for folder in {tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"}:
+      try:
+        names = os.listdir(folder)
+      except OSError:
+        continue
+      out += [f"{folder}/{n} was written" for n in names if self.canary in n]
+    for kind in ("shm", "msg", "sem"):
+      try:
+        with open(f"/proc/sysvipc/{kind}") as f:
+          keys = [line.split()[0] for line in f.read().splitlines()[1:]]
+      except OSError:
+        continue
+      if str(self.shm_key) in keys:
+        out.append(f"a SysV {kind} object of a probe is on the host")
     return out
 
 
 @contextmanager
 def probe_env() -> Iterator[ProbeEnv]:
-  """Opens the listener (127.0.0.1 only), the outside folder, the canary and the helper; cleans up."""
+  """Opens the listener (127.0.0.1 only), the outside folder, the canary, the helper and a copy of the data."""
   canary = "canary" + secrets.token_hex(8)
   listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   listener.bind(("127.0.0.1", 0))
@@ -220,11 +603,15 @@ def probe_env() -> Iterator[ProbeEnv]:
   helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
   old = os.environ.get("RL_LM_AUDIT_CANARY")
   os.environ["RL_LM_AUDIT_CANARY"] = canary  # must not reach the sandbox's environment
-  with tempfile.TemporaryDirectory(prefix="rl_lm_audit_outside_") as outside:
+  data = shared_data_dir() / "humaneval" / "HumanEval.jsonl.gz"
+  with tempfile.TemporaryDirectory(prefix="rl_lm_audit_outside_") as outside, \
+       tempfile.TemporaryDirectory(prefix="rl_lm_audit_copy_") as copies:
     (Path(outside) / "sentinel.txt").write_text(canary)
-    data = str((shared_data_dir() / "humaneval" / "HumanEval.jsonl.gz").resolve())
+    he_copy = Path(copies) / "HumanEval.jsonl.gz"  # another readable copy of the answers, as a pip/HF cache would hold
+    he_copy.write_bytes(data.read_bytes() if data.exists() else b"{}\n" * 64)
     try:
-      yield ProbeEnv(listener.getsockname()[1], Path(outside), canary, helper.pid, data, listener)
+      yield ProbeEnv(listener.getsockname()[1], Path(outside), canary, helper.pid, str(data.resolve()), str(he_copy),
+                     listener)
     finally:
       helper.kill()
       helper.wait()
@@ -253,9 +640,15 @@ class ProbeOutcome:
 def run_code_probes(
   sandbox: Sandbox | None = None, names: list[str] | None = None
 ) -> tuple[list[ProbeOutcome], list[str], float]:
-  """Runs the code probes in parallel; returns (outcomes, leaks outside the sandbox, wall seconds)."""
+  """Runs the code probes in parallel; returns (outcomes, leaks outside the sandbox, wall seconds).
+
+  Without the jail, the probes that would fill the host's disk are left out (`JAIL_ONLY_PROBES`).
+  """
   sandbox = sandbox or Sandbox(SandboxLimits(timeout_s=2.0), workers=2)
-  probes = [p for p in CODE_PROBES if names is None or p[0] in names]
+  probes = [
+    p for p in CODE_PROBES
+    if (names is None or p[0] in names) and (sandbox.jailed or p[0] not in JAIL_ONLY_PROBES)
+  ]
   with probe_env() as env:
     start = time.monotonic()
     jobs = [CodeJob(env.render(prog), PROBE_TESTS, "add") for _, prog, _ in probes]
@@ -368,10 +761,13 @@ def audit_maths(n: int | None = None, workers: int = 1) -> AuditReport:
     report.positives += len(problems) * label
     report.negatives += len(problems) * (not label)
   for name, gold, completion in MATHS_PROBES:
+    cpu = time.process_time()
     r = reward(Problem(id=name, prompt="", answer=gold, task="gsm8k"), completion)
+    cpu = time.process_time() - cpu
     report.probes += 1
-    if r.score > 0:
-      report.probes_rewarded.append(f"{name}: {completion[:60]!r}")
+    if r.score > 0 or not r.valid or cpu > MATHS_PROBE_CPU_S:
+      why = "rewarded" if r.score > 0 else "masked" if not r.valid else f"{cpu:.2f}s of CPU"
+      report.probes_rewarded.append(f"{name} ({why}): {completion[:60]!r}")
   report.seconds = time.monotonic() - start
   return report
 
@@ -421,10 +817,13 @@ def audit_code(n: int | None = None, workers: int = 2, timeout_s: float = 10.0) 
     for p, r in zip(problems, sandbox.run_many([job_for(p, body) for p in problems]), strict=True):
       _tally(report, False, f"{p.id} ({kind})", result(r))
   report.positives, report.negatives = len(problems), len(problems) * len(BROKEN_BODIES)
-  outcomes, leaks, _ = run_code_probes(Sandbox(SandboxLimits(timeout_s=2.0), workers=workers))
+  probe_sandbox = Sandbox(SandboxLimits(timeout_s=2.0), workers=workers)
+  outcomes, leaks, _ = run_code_probes(probe_sandbox)
   report.probes = len(outcomes)
   report.probes_rewarded = [f"{o.name}: {o.status}" for o in outcomes if o.wrongly_rewarded]
   report.leaks = leaks
+  if not probe_sandbox.jailed:
+    report.leaks.append(f"no jail here: probes {sorted(JAIL_ONLY_PROBES)} not run (the fallback has no disk quota)")
   report.seconds = time.monotonic() - start
   return report
 

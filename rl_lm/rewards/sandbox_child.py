@@ -4,15 +4,18 @@ Started as `python -I -S sandbox_child.py candidate|checker`, it reads a JSON co
 plays one of two roles. It imports nothing from rl_lm and only the standard library, so it also works
 where the project is not importable.
 
-candidate: isolates itself (namespaces, read-only file system, unprivileged uid, rlimits, audit hook),
-  then runs the untrusted program and serves calls to its entry point: decoded arguments in,
+candidate: runs inside the jail bubblewrap built (see `rl_lm.rewards.jail`), or, where there is none,
+  as a plain process. Before any untrusted code it sets its rlimits, drops root for a fresh
+  unprivileged uid when started as root in the jail, and reports the layers the kernel confirms
+  (`confine`); the fallback adds an audit hook (`install_audit_hook`, a convenience, not a wall).
+  Then it runs the untrusted program and serves calls to its entry points: decoded arguments in,
   encoded return value (or exception name) out. Everything it sends after the program starts is
   untrusted and can only lower the score.
-checker: runs the trusted prelude and tests, with each entry point replaced by a proxy that calls the
-  candidate process. Only data crosses (None, bool, int, float, complex, str, bytes, list, tuple,
-  dict, set, frozenset), decoded strictly into plain built-in objects, so the candidate cannot hand
-  the tests an object whose `__eq__` lies. After `check` returns it writes the pass marker, with the
-  parent's nonce, to a pipe only it holds.
+checker: runs the trusted prelude and tests on the host (no jail: they are trusted), with each entry
+  point replaced by a proxy that calls the candidate process. Only data crosses (None, bool, int,
+  float, complex, str, bytes, list, tuple, dict, set, frozenset), decoded strictly into plain
+  built-in objects, so the candidate cannot hand the tests an object whose `__eq__` lies. After
+  `check` returns it writes the pass marker, with the parent's nonce, to a pipe only it holds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import builtins
 import json
 import os
 import resource
-import signal
 import struct
 import sys
 
@@ -144,100 +146,17 @@ def decode(x: object, depth: int = 0) -> object:
   raise ProtocolError(f"unknown tag {tag!r}")
 
 
-# --- isolation -----------------------------------------------------------------------------------
-
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-_MS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
-_MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+# --- confinement (runs before any untrusted code) ------------------------------------------------
 
 
-def _mount(libc: object, src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-  import ctypes
-
-  enc = lambda s: None if s is None else s.encode()
-  if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-    err = ctypes.get_errno()
-    raise OSError(err, f"mount({src}, {target}, flags={flags:#x}): {os.strerror(err)}")
-
-
-def _unescape(field: str) -> str:
-  return field.encode().decode("unicode_escape")  # mountinfo escapes space, tab, newline, backslash as \ooo
-
-
-def _traversable_by_others(path: str) -> str | None:
-  """The first ancestor of `path` that other users cannot search, or None."""
-  probe = "/"
-  for part in path.strip("/").split("/"):
-    probe = os.path.join(probe, part)
-    if not os.stat(probe).st_mode & 0o001:
-      return probe
-  return None
-
-
-def _setup_mounts(libc: object, cfg: dict, needed: list[str], expose: bool) -> list[str]:
-  """Private mount tree: hidden folders, the interpreter reachable, everything read-only but the workdir."""
-  layers = []
-  work = cfg["workdir"]
-  _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
-  _mount(libc, work, work, None, _MS_BIND)
-  for path in cfg.get("hide", []):
-    keep = [p for p in needed + [work] if p == path or p.startswith(path.rstrip("/") + "/")]
-    if os.path.isdir(path) and not keep:
-      _mount(libc, "tmpfs", path, "tmpfs", _MS["nosuid"] | _MS["nodev"] | _MS["ro"], "size=4k,mode=0755")
-      layers.append(f"hide:{path}")
-  if expose:  # an unprivileged uid must still reach the interpreter's library under e.g. /root (0700)
-    prefix = needed[0]
-    blocked = _traversable_by_others(prefix)
-    if blocked is not None:
-      stage = cfg["stage_dir"]
-      _mount(libc, prefix, stage, None, _MS_BIND | _MS_REC)
-      _mount(libc, "tmpfs", blocked, "tmpfs", _MS["nosuid"] | _MS["nodev"], "size=64k,mode=0755")
-      old = os.umask(0o022)
-      os.makedirs(prefix, exist_ok=True)
-      os.umask(old)
-      _mount(libc, stage, prefix, None, _MS_MOVE)
-      layers.append(f"expose:{prefix}")
-  failed = 0
-  with open("/proc/self/mountinfo") as f:
-    entries = [line.split() for line in f]
-  for fields in entries:
-    target = _unescape(fields[4])
-    if target == work:
-      continue
-    flags = _MS_BIND | _MS_REMOUNT | _MS["ro"]
-    for opt in fields[5].split(","):
-      flags |= _MS.get(opt, 0)
-    try:
-      _mount(libc, None, target, None, flags)
-    except OSError:
-      failed += 1
-  layers.append(f"readonly-fs({len(entries) - 1 - failed}/{len(entries) - 1})")
-  return layers
-
-
-def _supervise(pid: int) -> None:
-  """Outside the new pid namespace: waits for the sandboxed process and exits with its status.
-
-  SIGTERM (from the parent, when the verdict is in) kills the sandboxed process, the init of its pid
-  namespace, which takes every process in the namespace with it; this process then reaps it.
-  """
-
-  def on_term(signum: int, frame: object) -> None:
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-
-  signal.signal(signal.SIGTERM, on_term)
-  while True:
-    try:
-      _, status = os.waitpid(pid, 0)
-      break
-    except ChildProcessError:
-      os._exit(70)
-  code = os.waitstatus_to_exitcode(status)
-  os._exit(code if code >= 0 else 128 - code)
+def _own_sched() -> list[int]:
+  """[ns on a CPU, ns waiting for one] of this thread so far (the parent's baseline for its overload test)."""
+  try:
+    with open("/proc/self/schedstat") as f:
+      run_ns, wait_ns, _ = f.read().split()
+    return [int(run_ns), int(wait_ns)]
+  except (OSError, ValueError):
+    return [0, 0]
 
 
 def _count_own_processes() -> int:
@@ -252,8 +171,7 @@ def _count_own_processes() -> int:
   return n
 
 
-def _set_limits(cfg: dict, nproc: int | None) -> None:
-  lim = cfg["limits"]
+def _set_limits(lim: dict, nproc: int | None) -> None:
   pairs = [
     (resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1)),
     (resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"])),
@@ -267,132 +185,156 @@ def _set_limits(cfg: dict, nproc: int | None) -> None:
     resource.setrlimit(which, value)
 
 
-def isolate(cfg: dict, keep_fds: tuple[int, ...]) -> list[str]:
-  """Applies every isolation layer the kernel permits; may fork (the parent half never returns)."""
-  import ctypes
+def _status_fields() -> dict[str, str]:
+  with open("/proc/self/status") as f:
+    return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
-  policy, layers = cfg["policy"], []
-  libc = ctypes.CDLL(None, use_errno=True)
-  root = os.geteuid() == 0
-  uid = cfg.get("uid")
-  switch = bool(root and uid and policy["switch_uid"])
-  stdlib = os.path.dirname(os.__file__)
-  needed = [sys.base_prefix, stdlib]
-  in_ns = False
-  if policy["namespaces"]:
-    real_uid, real_gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | (0 if root else _CLONE_NEWUSER)
-    if libc.unshare(flags) == 0:
-      in_ns = True
-      if not root:  # map ourselves to root of the new user namespace, to be allowed to mount
-        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {real_uid} 1"), ("gid_map", f"0 {real_gid} 1")):
-          with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-        layers.append("userns")
-      layers += ["netns", "pidns", "mountns"]
-      try:
-        layers += _setup_mounts(libc, cfg, needed, expose=switch)
-      except OSError as e:
-        layers.append(f"mounts-incomplete({e.strerror})")
-    else:
-      layers.append(f"no-namespaces({os.strerror(ctypes.get_errno())})")
-  if in_ns:
-    pid = os.fork()
-    if pid:
-      for fd in keep_fds:
-        os.close(fd)
-      _supervise(pid)
-    try:  # a /proc that shows only this namespace's processes
-      _mount(libc, "proc", "/proc", "proc", _MS["nosuid"] | _MS["nodev"] | _MS["noexec"])
-      layers.append("private-proc")
-    except OSError:
-      pass
-  if switch and _traversable_by_others(stdlib) is not None:
-    switch = False  # the unprivileged uid could not import the standard library
-  nproc = cfg["limits"]["max_processes"]
-  if not (switch or (in_ns and not root)):
-    nproc = None if root else _count_own_processes() + nproc
-  _set_limits(cfg, nproc)
-  layers.append("rlimits" + ("+nproc" if nproc is not None else ""))
-  if switch:
+
+def confine(cfg: dict) -> list[str]:
+  """The candidate's own part of its confinement; returns the layers, as the kernel reports them.
+
+  In the jail (bwrap already made the namespaces, the file allowlist and the seccomp filter): the
+  rlimits, then, when started as root, a switch to the fresh unprivileged uid `cfg["uid"]` (which
+  drops every capability). Without the jail: the rlimits only. Each layer is named only if
+  /proc/self/status confirms it.
+  """
+  lim, uid = cfg["limits"], cfg.get("uid")
+  keep = sorted({0, 1, 2, cfg["call_fd"], cfg["reply_fd"]})
+  for low, high in zip(keep, keep[1:] + [max(keep[-1] + 1, 1 << 16)], strict=True):
+    os.closerange(low + 1, high)  # nothing else inherited stays open (bwrap's info pipe, say)
+  if cfg["jail"]:
+    nproc = lim["max_processes"]  # a fresh uid (or user namespace) per run: the count starts at zero
+  else:
+    nproc = None if os.geteuid() == 0 else _count_own_processes() + lim["max_processes"]
+  _set_limits(lim, nproc)
+  layers = ["rlimits" + ("+nproc" if nproc is not None else "")]
+  if uid is not None:
     os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    layers.append("uid")
-  if in_ns:
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-  libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-  os.chdir(cfg["workdir"])  # re-enter through the writable bind mount
-  del libc
-  for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.") or m == "_ctypes"]:
-    del sys.modules[name]
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+  status = _status_fields()
+  if uid is not None and os.getuid() == uid and status.get("Groups", "").strip() == "":
+    layers.append(f"uid:{uid}")
+  elif os.getuid() != 0:
+    layers.append(f"uid:{os.getuid()}")
+  if int(status.get("CapEff", "1"), 16) == 0 and int(status.get("CapPrm", "1"), 16) == 0:
+    layers.append("no-capabilities")
+  if status.get("NoNewPrivs", "0").strip() == "1":
+    layers.append("no-new-privs")
+  if status.get("Seccomp", "0").strip() == "2":
+    layers.append("seccomp")
   return layers
 
 
-# --- audit hook ----------------------------------------------------------------------------------
+# --- audit hook (convenience only, never counted as a wall) ---------------------------------------
 
 _DENY = frozenset(
   {
     "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
     "signal.pthread_kill", "subprocess.Popen", "pty.spawn", "resource.setrlimit", "resource.prlimit",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "os.chroot",
-    "cpython.PyInterpreterState_New", "syslog.openlog", "webbrowser.open",
+    "cpython.PyInterpreterState_New", "syslog.openlog", "webbrowser.open", "sys.setprofile", "sys.settrace",
   }
 )
-_PATH_EVENTS = {
-  "os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.truncate": 1, "os.utime": 1,
-  "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1, "shutil.copyfile": 2, "shutil.move": 2,
-  "shutil.copytree": 2, "os.chflags": 1, "os.setxattr": 1, "os.removexattr": 1, "os.mkfifo": 1, "os.mknod": 1,
-}
-_BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi"})
+# (event, how many leading arguments are paths, those paths are written)
+_PATH_EVENTS = tuple(
+  (event, n, True) for event, n in (
+    ("os.remove", 1), ("os.rmdir", 1), ("os.mkdir", 1), ("os.chmod", 1), ("os.chown", 1), ("os.truncate", 1),
+    ("os.utime", 1), ("os.rename", 2), ("os.link", 2), ("os.symlink", 2), ("shutil.rmtree", 1),
+    ("shutil.copyfile", 2), ("shutil.move", 2), ("shutil.copytree", 2), ("os.chflags", 1), ("os.setxattr", 1),
+    ("os.removexattr", 1), ("os.mkfifo", 1), ("os.mknod", 1),
+  )
+) + tuple((event, 1, False) for event in ("os.listdir", "os.scandir", "os.getxattr", "os.listxattr"))
+_BLOCKED_MODULES = frozenset(
+  {"ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi", "mmap", "_posixshmem",
+   "_multiprocessing"}
+)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def install_audit_hook(workdir: str, hidden: list[str]) -> None:
-  """Denies network, process creation, signals, ctypes and file changes outside `workdir` (defence in depth)."""
-  realpath, fsdecode, getpid = os.path.realpath, os.fsdecode, os.getpid
+def install_audit_hook(workdir: str, readable: list[str]) -> None:
+  """Refuses network, process creation, signals, ctypes, reads outside `readable` and writes outside `workdir`.
+
+  Convenience, not a wall: a Python audit hook runs inside the process it polices, and C code (or a
+  `dir_fd` argument, which audit events do not carry) goes around it; only the kernel layers count.
+  It is written so that the program cannot switch it off from Python: it never runs the program's
+  code (a path argument is copied to an exact str with the base type's own method, anything but
+  str, bytes or a file descriptor is refused), it is one function with no Python helpers, every
+  name it uses is bound here as a default argument before the program runs (a patched builtin or
+  module is never looked up), its state is immutable, and there is no on/off switch. A traceback
+  can show the program the hook's frame, but nothing in it can be changed from Python.
+  """
+  realpath = os.path.realpath  # only here, before the program runs
   work = realpath(workdir)
-  hidden = [realpath(h) for h in hidden]
-  busy = [False]
+  roots = tuple(realpath(r) for r in readable) + (work,)
 
-  def within(path: str, roots: list[str]) -> bool:
-    p = realpath(path)
-    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
-
-  def deny(event: str, detail: object = "") -> None:
-    raise PermissionError(f"sandbox: {event} {detail!s:.200} is not allowed")
-
-  def hook(event: str, args: tuple) -> None:
-    if busy[0]:
+  def hook(
+    event: str, args: tuple, _deny=_DENY, _paths=_PATH_EVENTS, _blocked=_BLOCKED_MODULES, _work=work, _roots=roots,
+    _wflags=_WRITE_FLAGS, _str=str, _bytes=bytes, _int=int,
+    _type=type, _sub=type.__subclasscheck__, _str_copy=str.__str__, _bytes_copy=bytes.__getitem__,
+    _decode=bytes.decode, _all=slice(None), _getcwd=os.getcwd, _lstat=os.lstat, _readlink=os.readlink,
+    _getpid=os.getpid, _perm=PermissionError, _imperr=ImportError, _oserror=OSError, _range=range,
+  ) -> None:
+    if event in _deny or event.startswith(("socket.", "ctypes.", "_ctypes.")):
+      raise _perm(f"sandbox: {event} is not allowed")
+    if event == "import":
+      name = args[0] if args and _type(args[0]) is _str else ""
+      if name.split(".")[0] in _blocked:
+        raise _imperr(f"sandbox: importing {name} is not allowed")
       return
-    if event in _DENY or event.startswith(("socket.", "ctypes.", "_ctypes.")):
-      deny(event)
-    if event == "import" and args and str(args[0]).split(".")[0] in _BLOCKED_MODULES:
-      raise ImportError(f"sandbox: importing {args[0]} is not allowed")
-    if event != "open" and event not in _PATH_EVENTS:
-      return
-    busy[0] = True
-    try:
-      if event == "open":
-        path, mode, flags = args
-        if isinstance(path, int):
-          return
-        path = fsdecode(path)
-        writing = bool(flags & _WRITE_FLAGS) or any(c in (mode or "") for c in "wax+")
-        if writing and not within(path, [work]):
-          deny("writing", path)
-        real = realpath(path)
-        if within(real, hidden):
-          deny("reading", path)
-        parts = real.split("/")
-        if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != getpid():
-          deny("reading", path)
+    checks = []  # (path argument, needs write access)
+    if event == "open":
+      mode = args[1] if _type(args[1]) is _str else ""
+      writing = _type(args[2]) is _int and (args[2] & _wflags) != 0
+      writing = writing or "w" in mode or "a" in mode or "x" in mode or "+" in mode
+      checks.append((args[0], writing))
+    else:
+      for name, n, writes in _paths:
+        if name == event:
+          for a in args[:n]:
+            checks.append((a, writes))
+    for raw, writing in checks:
+      t = _type(raw)  # copied to an exact str without calling any method of the program's classes
+      if t is _str:
+        path = raw
+      elif t is _bytes:
+        path = _decode(raw, "utf-8", "surrogateescape")
+      elif _sub(_str, t):
+        path = _str_copy(raw)
+      elif _sub(_bytes, t):
+        path = _decode(_bytes_copy(raw, _all), "utf-8", "surrogateescape")
+      elif _sub(_int, t) or raw is None:
+        continue  # a file descriptor (checked when it was opened), or no path
       else:
-        for path in args[: _PATH_EVENTS[event]]:
-          if isinstance(path, (str, bytes, os.PathLike)) and not within(fsdecode(path), [work]):
-            deny(event, path)
-    finally:
-      busy[0] = False
+        raise _perm("sandbox: a path must be a str or bytes here")
+      todo = ([] if path.startswith("/") else _getcwd().split("/")) + path.split("/")
+      parts = []
+      for _ in _range(100000):  # resolve '..' and symlinks with C functions only
+        if not todo:
+          break
+        part = todo.pop(0)
+        if part == "" or part == ".":
+          continue
+        if part == "..":
+          parts = parts[:-1]
+          continue
+        here = "/" + "/".join(parts + [part])
+        try:
+          target = _readlink(here) if (_lstat(here).st_mode & 0o170000) == 0o120000 else None
+        except _oserror:
+          target = None
+        if target is None:
+          parts.append(part)
+        else:
+          parts = [] if target.startswith("/") else parts
+          todo = target.split("/") + todo
+      real = "/" + "/".join(parts)
+      allowed = (_work,) if writing else _roots + ("/proc/self", "/proc/thread-self", f"/proc/{_getpid()}")
+      ok = False
+      for top in allowed:
+        ok = ok or real == top or real.startswith(top + "/")
+      if not ok:
+        raise _perm(f"sandbox: {'writing' if writing else 'reading'} {path[:200]} is not allowed")
 
   sys.addaudithook(hook)
 
@@ -407,21 +349,28 @@ def _describe(e: BaseException) -> str:
     return type(e).__name__
 
 
+def _readable_roots() -> list[str]:
+  """What the audit hook lets the candidate read: the standard library, the harness, a few devices."""
+  stdlib = os.path.dirname(os.__file__)
+  dynload = [p for p in sys.path if p.endswith("lib-dynload")]
+  return [stdlib, *dynload, os.path.abspath(sys.argv[0]), "/dev/null", "/dev/zero", "/dev/urandom"]
+
+
 def candidate_main(cfg: dict) -> None:
-  """Runs the untrusted program and serves calls to its entry points."""
+  """Confines this process, tells the checker it started, runs the untrusted program, serves calls."""
   call_fd, reply_fd, max_bytes = cfg["call_fd"], cfg["reply_fd"], cfg["limits"]["max_message_bytes"]
+  layers = confine(cfg)
+  if cfg["audit_hook"]:
+    install_audit_hook(cfg["workdir"], _readable_roots())
+    layers.append("audit-hook")
+  send(reply_fd, {"t": "layers", "layers": layers, "sched": _own_sched()})  # the program's clock starts now
+  program, entry_points = cfg["program"], cfg["entry_points"]
+  cfg = None  # drop everything the program need not see
   try:
-    code = compile(cfg["program"], "<candidate>", "exec")
+    code = compile(program, "<candidate>", "exec")
   except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
-    send(reply_fd, {"t": "layers", "layers": []})
     send(reply_fd, {"t": "load", "status": "syntax_error", "detail": _describe(e)})
     return
-  layers = isolate(cfg, (call_fd, reply_fd))
-  if cfg["policy"]["audit_hook"]:
-    install_audit_hook(cfg["workdir"], cfg.get("hide", []))
-    layers.append("audit-hook")
-  send(reply_fd, {"t": "layers", "layers": layers})
-  cfg = {"entry_points": cfg["entry_points"]}  # drop everything the program need not see
   ns = {"__name__": "__sandbox__", "__builtins__": builtins}
   try:
     exec(code, ns)
@@ -435,7 +384,7 @@ def candidate_main(cfg: dict) -> None:
       msg = recv(call_fd, max_bytes)
     except (CandidateDied, ProtocolError):
       return
-    if not isinstance(msg, dict) or msg.get("t") != "call":
+    if not isinstance(msg, dict) or msg.get("t") != "call" or msg.get("name") not in entry_points:
       return
     try:
       fn = ns.get(msg["name"])
@@ -504,20 +453,21 @@ def _exception(name: str, detail: str) -> BaseException:
 
 
 def checker_main(cfg: dict) -> None:
-  """Runs the trusted tests against proxies of the candidate's entry points; writes the verdict."""
+  """Runs the trusted tests against proxies of the candidate's entry points; reports to the parent.
+
+  On the result pipe: {"t": "started", ...} once the candidate's harness has confined itself (the
+  parent starts the program's clock then), and one {"t": "verdict", "status": ...} at the end.
+  """
   result_fd = cfg["result_fd"]
-  layers: list[str] = []
 
   def report(status: str, detail: str = "", **extra: object) -> None:
-    send(result_fd, {"status": status, "detail": detail[:4000], "layers": layers, **extra})
+    send(result_fd, {"t": "verdict", "status": status, "detail": detail[:4000], **extra})
 
   link = {
     "call_fd": cfg["call_fd"], "reply_fd": cfg["reply_fd"], "max_bytes": cfg["limits"]["max_message_bytes"],
     "dead": False, "protocol": "", "unsupported": "",
   }
-  _set_limits(cfg, None)
-  if cfg["policy"]["audit_hook"]:
-    install_audit_hook(cfg["workdir"], [])
+  _set_limits(cfg["limits"], None)
   ns = {"__name__": "__checker__", "__builtins__": builtins}
   try:
     tests = compile(cfg["tests"] + "\n" + cfg["check_call"] + "\n", "<tests>", "exec")
@@ -529,10 +479,12 @@ def checker_main(cfg: dict) -> None:
     first = recv(link["reply_fd"], link["max_bytes"])
     if not (isinstance(first, dict) and first.get("t") == "layers"):
       raise ProtocolError("no layers message")
-  except (CandidateDied, ProtocolError) as e:
-    report("sandbox_error", f"the candidate harness failed while isolating itself: {e}")
+    sched = [int(x) for x in first.get("sched", [0, 0])][:2]
+  except (CandidateDied, ProtocolError, TypeError, ValueError) as e:
+    report("sandbox_error", f"the candidate harness failed while confining itself: {e}")
     return
   layers = [str(x)[:80] for x in first.get("layers", [])][:40]
+  send(result_fd, {"t": "started", "layers": layers, "sched": {"candidate": sched, "checker": _own_sched()}})
   try:
     first = recv(link["reply_fd"], link["max_bytes"])
   except CandidateDied:

@@ -328,6 +328,8 @@ class RLTrainer:
     metrics.update(self.curriculum.metrics())
     metrics["policy/kl_coef"] = float(self.state.kl.coef)
     metrics["rollout/verifier_errors"] = float(sum((~b.valid).sum() for b in self._seen))  # dropped groups too
+    # Timeouts the completions caused (their program or answer overran): scored 0, counted apart.
+    metrics["rollout/timeouts"] = float(sum(s == "timeout" for b in self._seen for s in b.statuses))
     n_tokens = int(sum(b.rollout["lengths"].sum() for b in self._seen))
     metrics.update(diagnostics.perf_metrics(timings, n_tokens))
     return metrics
