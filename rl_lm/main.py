@@ -10,11 +10,16 @@ A failure ends the run with one line on stderr, and any traceback goes to <workd
 (error.<process>.log in the other processes of a multi-process run), so nothing is lost:
 
   exit 2    rl_lm: invalid configuration: <config.key>: <why>     a ConfigError, at validation or later
+  exit 2    rl_lm: invalid configuration: <file>:<line>: <why>    the config file raised, exited or did not parse
+            (traceback in <workdir>/error.log), or its get_config() returned no ConfigDict
   exit 1    rl_lm: error: <message naming the thing>             the user's input: a missing file, an unsupported
             or unreadable checkpoint, bad multi-process settings, and any exception whose class has
             `user_facing = True` (so a new such error, e.g. training stopped after NaN steps, needs no edit here)
   exit 1    rl_lm: error: <Type>: <message> (traceback in <workdir>/error.log)   anything else: a bug
   exit 130  rl_lm: interrupted (traceback in <workdir>/error.log)
+
+Ctrl-C (SIGINT) raises KeyboardInterrupt, which is never lost (`rl_lm.interrupts`); the process then
+leaves within `interrupts.EXIT_GRACE_S` whatever it waits for, and a second Ctrl-C leaves at once.
 """
 
 from __future__ import annotations
@@ -22,13 +27,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
-import time
-import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from rl_lm import errors, interrupts
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file, optionally with :variant.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
@@ -37,9 +41,6 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process run:
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process run: this process, 0 .. num_processes-1.")
 _MULTIHOST = flags.DEFINE_bool("multihost", None, "Join the cluster JAX detects (TPU pod); --nomultihost: never.")
 _LOCAL_DEVICES = flags.DEFINE_integer("local_device_count", None, "Fake CPU devices in this process (testing).")
-
-# Errors that are the user's input whatever their class (besides classes with `user_facing = True`).
-USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError)
 
 
 def _fail(message: str) -> None:
@@ -50,69 +51,21 @@ def _fail(message: str) -> None:
 def _parse_flags(argv: list[str]) -> list[str]:
   from rl_lm.config import explain_flag_error
 
+  absl_logger = logging.getLogger("absl")
+  absl_logger.addFilter(errors.no_none_config_warning)  # the line below says it (config_flags logs it, then goes on)
   try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 -- config_flags raises several types; all mean a bad command line
-    _fail(explain_flag_error(argv, e))
-
-
-def _one_line(e: BaseException) -> str:
-  lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-  return (lines[0] + (" ..." if len(lines) > 1 else "")) if lines else "(no message)"
-
-
-def _is_user_error(e: BaseException) -> bool:
-  from rl_lm.checkpoint import CheckpointError
-
-  return getattr(e, "user_facing", False) is True or isinstance(e, (*USER_ERRORS, CheckpointError))
-
-
-def _process_index() -> int:
-  import jax
-
-  from rl_lm.distributed import ENV_PROCESS_ID
-
-  try:
-    if jax.distributed.is_initialized():
-      return jax.process_index()
-    return int(_PROCESS_ID.value or os.environ.get(ENV_PROCESS_ID) or 0)  # initialize itself failed
-  except Exception:  # noqa: BLE001 -- a backend that failed to start, a malformed variable: cannot tell
-    return 0
-
-
-def _save_traceback(e: BaseException, workdir: str) -> str:
-  """Writes the traceback to <workdir>/error.log (a temporary file if that fails); returns the path."""
-  index = _process_index()
-  text = (f"{time.strftime('%Y-%m-%d %H:%M:%S')} rl_lm.main {' '.join(sys.argv[1:])}\n"
-          + "".join(traceback.format_exception(e)))
-  name = "error.log" if index == 0 else f"error.{index}.log"
-  for folder in (workdir, tempfile.gettempdir()):
-    try:
-      os.makedirs(folder, exist_ok=True)
-      path = os.path.join(folder, name if folder == workdir else f"rl_lm-{os.getpid()}-{name}")
-      with open(path, "w") as f:
-        f.write(text)
-      return path
-    except OSError:
-      continue
-  return "(nowhere: no writable folder)"
-
-
-def _report(e: BaseException, workdir: str) -> int:
-  """Prints the one-line summary of `e`, saves its traceback, and returns the exit status."""
-  from rl_lm.config import ConfigError
-
-  where = f" (traceback in {_save_traceback(e, workdir)})"
-  if isinstance(e, KeyboardInterrupt):
-    code, line = 130, f"rl_lm: interrupted{where}"
-  elif isinstance(e, ConfigError):
-    code, line = 2, f"rl_lm: invalid configuration: {_one_line(e)}"
-  elif _is_user_error(e):
-    code, line = 1, f"rl_lm: error: {_one_line(e)}"
-  else:
-    code, line = 1, f"rl_lm: error: {type(e).__name__}: {_one_line(e)}{where}"
-  print(line, file=sys.stderr, flush=True)
-  return code
+    rest = flags.FLAGS(argv)
+  except BaseException as e:  # noqa: BLE001 -- the config file runs here and may raise anything, SystemExit too
+    problem = errors.config_file_problem(argv, e)
+    if problem is None and not isinstance(e, Exception):
+      raise  # --help's exit, Ctrl-C
+    _fail(problem or explain_flag_error(argv, e))
+  finally:
+    absl_logger.removeFilter(errors.no_none_config_warning)
+  problem = errors.config_file_problem(argv, None)
+  if problem is not None:
+    _fail(problem)
+  return rest
 
 
 def _run(config: object, workdir: str) -> None:
@@ -144,6 +97,7 @@ def _run(config: object, workdir: str) -> None:
 
 def main(argv: list[str]) -> None:
   del argv
+  interrupts.Interrupts().install()
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" is not news on a CPU
   if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (orbax, tfds) stay out of the console
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -157,13 +111,13 @@ def main(argv: list[str]) -> None:
   except SystemExit:
     raise
   except BaseException as e:  # noqa: BLE001 -- every failure ends in one line; the traceback goes to error.log
-    code = _report(e, workdir)
+    code = errors.report(e, workdir)
     import jax
 
     if jax.distributed.is_initialized():  # the orderly shutdown waits for peers that may wait for us: leave now
       sys.stdout.flush()
       os._exit(code)
-    sys.exit(code)
+    interrupts.exit_with(code)
 
 
 if __name__ == "__main__":

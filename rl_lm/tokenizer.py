@@ -3,7 +3,8 @@
 `CharTokenizer` serves the built-in tasks (arithmetic, synthetic preferences): every printable
 ASCII character and newline is one token, after three specials (pad=0, bos=1, eos=2).
 `HFTokenizer` wraps a Hugging Face `tokenizer.json` through the `tokenizers` library.
-Both expose `encode`, `decode`, `vocab_size`, `pad_id`, `bos_id`, `eos_id`.
+Both expose `encode`, `decode`, `vocab_size`, `pad_id`, `bos_id`, `eos_id`. A tokenizer file that cannot
+be read raises `TokenizerError` naming the file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ from typing import Protocol
 PAD, BOS, EOS = 0, 1, 2
 _SPECIALS = ("<pad>", "<bos>", "<eos>")
 _CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+
+
+class TokenizerError(ValueError):
+  """A tokenizer file that cannot be read or lacks what the run needs; the message names the file.
+
+  `user_facing`: `rl_lm.main` reports it as one line, as the user's input, not as a bug.
+  """
+
+  user_facing = True
 
 
 class Tokenizer(Protocol):
@@ -71,13 +81,22 @@ class HFTokenizer:
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.exists(file):
       raise FileNotFoundError(f"no tokenizer.json at {file}")
-    self._tok = _Tok.from_file(file)
+    try:
+      self._tok = _Tok.from_file(file)
+    except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for any bad file
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise TokenizerError(f"{file}: not a readable Hugging Face tokenizer file ({reason})") from None
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     special = {}
     cfg_file = os.path.join(directory, "tokenizer_config.json")
     if os.path.exists(cfg_file):
-      with open(cfg_file) as f:
-        special = json.load(f)
+      try:
+        with open(cfg_file, encoding="utf-8") as f:
+          special = json.load(f)
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{cfg_file}: not valid JSON ({e})") from None
+      if not isinstance(special, dict):
+        raise TokenizerError(f"{cfg_file}: expected a JSON object, got {type(special).__name__}")
 
     def _id(name: str) -> int | None:
       tok = special.get(name)
@@ -89,7 +108,7 @@ class HFTokenizer:
     self.bos_id = _id("bos_token")
     pad = _id("pad_token")
     if self.eos_id is None:
-      raise ValueError(f"{cfg_file}: no eos_token; the sampler needs one to stop")
+      raise TokenizerError(f"{cfg_file}: no eos_token; the sampler needs one to stop")
     self.pad_id = pad if pad is not None else self.eos_id
 
   def encode(self, text: str) -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import types
 
@@ -9,6 +11,7 @@ import pytest
 
 from rl_lm.rewards.audit import change_final_number
 from rl_lm.rewards.maths import MathsReward
+from rl_lm.tasks.base import DataError
 from rl_lm.tasks.gsm8k import (
   TEMPLATES,
   GSM8KTask,
@@ -90,6 +93,33 @@ def test_tfds_source_reads_a_prepared_builder(monkeypatch):
 def test_missing_jsonl_is_reported(tmp_path):
   with pytest.raises(FileNotFoundError):
     load_gsm8k("test", source="jsonl", data_dir=tmp_path)
+
+
+GOOD = json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"})
+
+
+@pytest.mark.parametrize(("line", "message"), [
+  ('{"question": "x", "answer": ', "test.jsonl:3: not valid JSON (Expecting value at column 29)"),
+  ('["question", "answer"]', "test.jsonl:3: expected a JSON object, got list"),
+  ('{"question": "x"}', "test.jsonl:3: missing field 'answer' (each line needs 'question', 'answer')"),
+  ('{"question": "x", "answer": 4}', "test.jsonl:3: field 'answer' must be a string, got int"),
+  ('{"question": "x", "answer": "4"}', "test.jsonl:3: field 'answer' has no '#### <number>' final answer"),
+])
+def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
+  (tmp_path / "test.jsonl").write_text(GOOD + "\n\n" + line + "\n")  # line 2 is blank: still counted
+  with pytest.raises(DataError) as e:
+    load_gsm8k("test", source="jsonl", data_dir=tmp_path)
+  assert str(e.value) == f"{tmp_path}/{message}" and e.value.user_facing
+
+
+def test_an_empty_or_undecodable_file_is_named(tmp_path):
+  (tmp_path / "train.jsonl").write_text("\n")
+  with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path))}/train.jsonl holds no problems$"):
+    next(GSM8KTask(data_dir=tmp_path).train_problems(1))
+  (tmp_path / "test.jsonl").write_bytes(GOOD.encode() + b"\n" + b'{"question": "\xff"}\n')
+  with pytest.raises(DataError) as e:
+    load_gsm8k("test", source="jsonl", data_dir=tmp_path)
+  assert str(e.value) == f"{tmp_path}/test.jsonl:2: not UTF-8 text (byte 0xff at column 15)"
 
 
 @needs_data

@@ -378,11 +378,13 @@ def load(
   wrong shape, FileNotFoundError without safetensors weights.
   """
   path = os.path.join(checkpoint_dir, CONFIG_FILE)
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     try:
       hf_config = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise UnsupportedModelError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(hf_config, dict):
+    raise UnsupportedModelError(f"{path}: expected a JSON object, got {type(hf_config).__name__}")
   try:
     cfg = config_from_hf(hf_config)
   except UnsupportedModelError as e:

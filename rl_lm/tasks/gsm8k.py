@@ -10,6 +10,9 @@ Prompt templates are selected by name in config (`TEMPLATES`: "plain", "chat", "
 as a custom string containing "{question}". The reference completion is the template's
 `target_prefix` followed by the solution.
 
+A JSONL file that cannot be read (malformed JSON, a missing field, an answer without "####", no
+records at all) raises `DataError` naming the file and line.
+
 `ascii_text=True` maps the few non-ASCII characters of GSM8K (curly quotes, dashes, "×", "€", ...) to
 ASCII so that the text is encodable by the character tokenizer.
 """
@@ -17,7 +20,6 @@ ASCII so that the text is encodable by the character tokenizer.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import re
@@ -25,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_lm.tasks.base import Problem, shared_data_dir
+from rl_lm.tasks.base import DataError, Problem, read_jsonl, shared_data_dir
 
 TASK_NAME = "gsm8k"
 _ANNOTATION_RE = re.compile(r"<<[^<>]*>>")
@@ -96,8 +98,11 @@ def default_data_dir() -> Path:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, str]]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  records = read_jsonl(path, required=("question", "answer"), what="problems")
+  for lineno, record in records:
+    if "####" not in record["answer"]:
+      raise DataError(f"{path}:{lineno}: field 'answer' has no '#### <number>' final answer")
+  return [record for _, record in records]
 
 
 def _text(value: Any) -> str:
@@ -124,6 +129,9 @@ def load_gsm8k(split: str = "test", source: str = "auto", data_dir: str | Path |
     source: "jsonl" (files `<data_dir>/<split>.jsonl`), "tfds" (a prepared TFDS `gsm8k` builder in
       `data_dir`, never downloaded), or "auto" (JSONL when the file exists, else TFDS).
     data_dir: folder of the JSONL files (default `../shared/data/gsm8k`) or TFDS data dir.
+
+  Raises DataError naming the file and line of a record it cannot read, or the file (or TFDS split)
+  when it holds no problems.
   """
   if source not in ("auto", "jsonl", "tfds"):
     raise ValueError(f"unknown GSM8K source {source!r}; known: auto, jsonl, tfds")
@@ -136,7 +144,10 @@ def load_gsm8k(split: str = "test", source: str = "auto", data_dir: str | Path |
     tfds_dir = os.environ.get("TFDS_DATA_DIR") or str(Path.home() / "tensorflow_datasets")
     if "://" not in tfds_dir and not (Path(tfds_dir) / TASK_NAME).is_dir():  # spare the user TFDS's own pages
       raise FileNotFoundError(f"no GSM8K file at {path}, and no prepared TFDS gsm8k in {tfds_dir}")
-  return _load_tfds(split, None if data_dir is None or source == "auto" else str(data_dir))
+  records = _load_tfds(split, None if data_dir is None or source == "auto" else str(data_dir))
+  if not records:
+    raise DataError(f"the TFDS gsm8k {split!r} split holds no problems")
+  return records
 
 
 # --- task ----------------------------------------------------------------------------------------

@@ -5,31 +5,39 @@ writes after it. The problem's metadata carries what the code verifier needs: "t
 defining `check(candidate)`), "entry_point" (the function's name) and "prompt" (trusted source run
 beside the tests, for the helpers some tests call). HumanEval is an evaluation set only: it has no
 training split.
+
+A file that cannot be read (malformed JSON, a missing field, no records) raises `DataError` naming the
+file and line.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from rl_lm.tasks.base import Problem, shared_data_dir
+from rl_lm.tasks.base import DataError, Problem, read_jsonl, shared_data_dir
 
 TASK_NAME = "humaneval"
+FILE_NAMES = ("HumanEval.jsonl.gz", "HumanEval.jsonl")  # looked for, in this order, in a data folder
+FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
 
 def default_path() -> Path:
   """`../shared/data/humaneval/HumanEval.jsonl.gz` relative to the repository root."""
-  return shared_data_dir() / "humaneval" / "HumanEval.jsonl.gz"
+  return shared_data_dir() / "humaneval" / FILE_NAMES[0]
+
+
+def path_in(data_dir: str | Path) -> Path:
+  """The HumanEval file of a data folder (`FILE_NAMES`); FileNotFoundError naming both when it has neither."""
+  for name in FILE_NAMES:
+    if (Path(data_dir) / name).exists():
+      return Path(data_dir) / name
+  raise FileNotFoundError(f"no HumanEval file in {data_dir} (looked for {' and '.join(FILE_NAMES)})")
 
 
 def load_humaneval(path: str | Path | None = None) -> list[dict[str, str]]:
   """The raw records (task_id, prompt, canonical_solution, test, entry_point), gzipped or plain JSONL."""
-  path = Path(path or default_path())
-  opener = gzip.open if path.suffix == ".gz" else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [record for _, record in read_jsonl(path or default_path(), required=FIELDS, what="problems")]
 
 
 def make_problem(record: dict[str, str]) -> Problem:
@@ -49,8 +57,9 @@ class HumanEvalTask:
 
   name = TASK_NAME
 
-  def __init__(self, path: str | Path | None = None) -> None:
-    self.path = path
+  def __init__(self, path: str | Path | None = None, data_dir: str | Path | None = None) -> None:
+    """`path`: the JSONL file (gzipped or not); else `data_dir`'s file (`FILE_NAMES`); else `default_path()`."""
+    self.path = path if path or not data_dir else path_in(data_dir)
     self._problems: list[Problem] | None = None
 
   def problems(self) -> list[Problem]:
@@ -61,7 +70,8 @@ class HumanEvalTask:
 
   def train_problems(self, n: int | None = None, seed: int = 0) -> Iterator[Problem]:
     """HumanEval has no training split; training on it would contaminate the evaluation."""
-    raise ValueError("HumanEval is an evaluation set: it has no training split")
+    self.problems()  # a broken file is the first thing to report
+    raise DataError("HumanEval is an evaluation set: it has no training split (train on another task)")
 
   def test_problems(self, n: int | None = None, seed: int = 0) -> list[Problem]:
     """The first `n` problems (all when None); `seed` is accepted and unused."""

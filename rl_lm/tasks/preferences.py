@@ -63,7 +63,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-import json
 import math
 import os
 import random
@@ -72,9 +71,8 @@ import string
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-from rl_lm.tasks.base import Problem
+from rl_lm.tasks.base import DataError, Problem, read_jsonl
 
 TASK_NAME = "preferences"
 TARGET_LEN = 8  # completions longer than this pay OVERLENGTH_PENALTY per extra character
@@ -332,49 +330,40 @@ def load_pairs_jsonl(path: str | os.PathLike[str], skip_mismatched: bool = False
   last "\\n\\nAssistant:" (see the module doc); the two prompts must be equal. An optional "id" is kept,
   else the id is "<file name>:<line number>". Blank lines are skipped.
 
-  Raises ValueError naming the file and line for malformed JSON, missing or non-string fields, an HH
-  dialogue without an assistant turn, and HH pairs whose prompts differ (unless `skip_mismatched`, which
-  drops those with one warning giving their count), and for a file with no pairs at all.
+  Raises DataError (a ValueError) naming the file and line for malformed JSON, missing or non-string fields,
+  an HH dialogue without an assistant turn, and HH pairs whose prompts differ (unless `skip_mismatched`,
+  which drops those with one warning giving their count), and naming the file when it holds no pairs.
   """
   path = Path(path)
   out: list[PreferencePair] = []
   mismatched: list[int] = []
-  with path.open(encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
+  for lineno, row in read_jsonl(path, what="preference pairs"):
+    where = f"{path}:{lineno}"
+    for key in ("chosen", "rejected") + (("prompt",) if "prompt" in row else ()):
+      if key not in row:
+        raise DataError(f"{where}: missing field {key!r} (need 'prompt', 'chosen', 'rejected', "
+                        "or HH 'chosen' and 'rejected')")
+      if not isinstance(row[key], str):
+        raise DataError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__} "
+                        "(chat-message lists must be rendered with a chat template first)")
+    pair_id = str(row.get("id", f"{path.name}:{lineno}"))
+    if "prompt" in row:
+      out.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"], pair_id))
+      continue
+    chosen, rejected = _split_hh(row["chosen"]), _split_hh(row["rejected"])
+    for key, parts in (("chosen", chosen), ("rejected", rejected)):
+      if parts is None:
+        raise DataError(f"{where}: no 'prompt' field, and {key!r} is not an HH dialogue "
+                        "(no '\\n\\nAssistant:' turn)")
+    if chosen[0] != rejected[0]:
+      if skip_mismatched:
+        mismatched.append(lineno)
         continue
-      where = f"{path}:{lineno}"
-      try:
-        row: Any = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-      if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-      for key in ("chosen", "rejected") + (("prompt",) if "prompt" in row else ()):
-        if key not in row:
-          raise ValueError(f"{where}: missing field {key!r} (need 'prompt', 'chosen', 'rejected', "
-                           "or HH 'chosen' and 'rejected')")
-        if not isinstance(row[key], str):
-          raise ValueError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__} "
-                           "(chat-message lists must be rendered with a chat template first)")
-      pair_id = str(row.get("id", f"{path.name}:{lineno}"))
-      if "prompt" in row:
-        out.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"], pair_id))
-        continue
-      chosen, rejected = _split_hh(row["chosen"]), _split_hh(row["rejected"])
-      for key, parts in (("chosen", chosen), ("rejected", rejected)):
-        if parts is None:
-          raise ValueError(f"{where}: no 'prompt' field, and {key!r} is not an HH dialogue "
-                           "(no '\\n\\nAssistant:' turn)")
-      if chosen[0] != rejected[0]:
-        if skip_mismatched:
-          mismatched.append(lineno)
-          continue
-        raise ValueError(f"{where}: HH 'chosen' and 'rejected' dialogues differ before their last assistant turn")
-      out.append(PreferencePair(chosen[0], chosen[1], rejected[1], pair_id))
+      raise DataError(f"{where}: HH 'chosen' and 'rejected' dialogues differ before their last assistant turn")
+    out.append(PreferencePair(chosen[0], chosen[1], rejected[1], pair_id))
   if mismatched:
     warnings.warn(f"{path}: skipped {len(mismatched)} HH pairs whose prompts differ (first at line {mismatched[0]})",
                   stacklevel=2)
   if not out:
-    raise ValueError(f"{path}: no preference pairs")
+    raise DataError(f"{path} holds no preference pairs (every HH pair was skipped)")
   return out
