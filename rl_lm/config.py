@@ -2,14 +2,16 @@
 
 `base_config()` returns every field with its default and a comment; a config file starts from it
 and changes what its experiment needs. `validate(config)` runs before anything is compiled and
-raises `ConfigError` naming the offending key.
+raises `ConfigError` naming the offending key: every float must be finite (a few documented fields may
+be inf, see ALLOW_INF) and the important ones within their ranges.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_collections
@@ -21,6 +23,8 @@ ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
+# Float fields that may be +inf (their comment in base_config says what inf means); every other float must be finite.
+ALLOW_INF = frozenset({"rl.alarms.kl_max", "rl.alarms.logprob_gap_max"})
 
 
 class ConfigError(ValueError):
@@ -148,7 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.learning_rate = 1e-3
   c.rl.warmup_steps = 0
   c.rl.weight_decay = 0.0
-  c.rl.grad_clip = 1.0
+  c.rl.grad_clip = 1.0  # global-norm clip of the gradients; 0: off
   c.rl.clip_low = 0.2  # ratio clip below 1 - clip_low
   c.rl.clip_high = 0.2  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
   c.rl.dual_clip = 0.0  # dual-clip constant for negative advantages (> 1), 0: off
@@ -173,7 +177,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.value = ml_collections.ConfigDict()  # ppo only
   c.rl.value.learning_rate = 1e-3
   c.rl.value.coef = 0.5
-  c.rl.value.clip = 0.2
+  c.rl.value.clip = 0.2  # value clip around the old values; 0: off
   c.rl.value.gamma = 1.0
   c.rl.value.lam = 0.95
   c.rl.value.whiten_advantages = True
@@ -188,8 +192,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.curriculum.promote_min_seen = 0.5
   c.rl.alarms = ml_collections.ConfigDict()  # thresholds of the run-health alarms in the log
   c.rl.alarms.entropy_min = 0.02
-  c.rl.alarms.kl_max = 1.0
-  c.rl.alarms.logprob_gap_max = 0.1
+  c.rl.alarms.kl_max = 1.0  # inf: off
+  c.rl.alarms.logprob_gap_max = 0.1  # inf: off
   c.rl.alarms.zero_variance_max = 0.8
   c.rl.log_every = 1
   c.rl.init_from = ""  # a checkpoint folder whose policy starts RL (e.g. <run>/checkpoints/sft); "": the stage before
@@ -216,6 +220,40 @@ def _positive_int(config: Any, key: str) -> None:
   value = _get(config, key)
   _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"config.{key}",
            f"must be a positive integer, got {value!r}")
+
+
+def _in_range(config: Any, key: str, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+              high_open: bool = False) -> None:
+  """config.<key> within [low, high] (an open end excludes the bound; None: unbounded)."""
+  value = _get(config, key)
+  ok = ((low is None or (value > low if low_open else value >= low))
+        and (high is None or (value < high if high_open else value <= high)))
+  if high is None:
+    text = f"must be {'>' if low_open else '>='} {low}"
+  elif low is None:
+    text = f"must be {'<' if high_open else '<='} {high}"
+  else:
+    text = f"must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+  _require(ok, f"config.{key}", f"{text}, got {value!r}")
+
+
+def _numbers(node: Any, path: str) -> Iterator[tuple[str, float]]:
+  """(dotted key, value) of every non-integer number under `node`, inside tuples and lists too."""
+  if isinstance(node, ml_collections.ConfigDict):
+    for k, v in node.items():
+      yield from _numbers(v, f"{path}.{k}" if path else k)
+  elif isinstance(node, (tuple, list)):
+    for i, v in enumerate(node):
+      yield from _numbers(v, f"{path}[{i}]")
+  elif isinstance(node, numbers.Real) and not isinstance(node, numbers.Integral):
+    yield path, float(node)
+
+
+def _check_finite(config: Any, num_devices: int) -> None:
+  """Every float is a number (NaN never is) and finite, except the fields in ALLOW_INF, which may be +inf."""
+  for key, value in _numbers(config, ""):
+    allowed = key in ALLOW_INF and value == math.inf
+    _require(math.isfinite(value) or allowed, f"config.{key}", f"must be a finite number, got {value}")
 
 
 def _get(config: Any, key: str) -> Any:
@@ -369,6 +407,7 @@ def _check_sft(config: Any, num_devices: int) -> None:
     _positive_int(config, f"sft.{key}")
   _require(s.learning_rate > 0, "config.sft.learning_rate", f"must be > 0, got {s.learning_rate}")
   _require(s.warmup_steps >= 0, "config.sft.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+  _in_range(config, "sft.weight_decay", 0)
   dp = data_parallelism(config, num_devices)
   _require(s.batch_size % dp == 0, "config.sft.batch_size", f"{s.batch_size} is not divisible by the {dp}-way "
            "data-parallel mesh axes")
@@ -399,6 +438,14 @@ def _check_rl(config: Any, num_devices: int) -> None:
   for key in ("learning_rate",):
     _require(r[key] > 0, f"config.rl.{key}", f"must be > 0, got {r[key]}")
   _require(r.warmup_steps >= 0, "config.rl.warmup_steps", f"must be >= 0, got {r.warmup_steps}")
+  for key in ("weight_decay", "grad_clip", "entropy_coef", "overlong_buffer", "overlong_penalty", "value.coef",
+              "value.clip", "curriculum.floor", "curriculum.min_attempts", "alarms.entropy_min"):
+    _in_range(config, f"rl.{key}", 0)
+  for key in ("curriculum.retire_above", "curriculum.promote_above", "curriculum.promote_min_seen",
+              "alarms.zero_variance_max"):
+    _in_range(config, f"rl.{key}", 0, 1)
+  for key in ("alarms.kl_max", "alarms.logprob_gap_max"):
+    _in_range(config, f"rl.{key}", 0, low_open=True)
   _require(0 < r.clip_low < 1, "config.rl.clip_low", f"must be in (0, 1), got {r.clip_low}")
   _require(r.clip_high > 0, "config.rl.clip_high", f"must be > 0, got {r.clip_high}")
   _require(r.dual_clip == 0 or r.dual_clip > 1, "config.rl.dual_clip", f"must be 0 (off) or > 1, got {r.dual_clip}")
@@ -466,6 +513,7 @@ def _check_pair_stage(name: str) -> Callable[[Any, int], None]:
       _positive_int(config, f"{name}.{key}")
     _require(s.learning_rate > 0, f"config.{name}.learning_rate", f"must be > 0, got {s.learning_rate}")
     _require(s.warmup_steps >= 0, f"config.{name}.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+    _in_range(config, f"{name}.weight_decay", 0)
     dp = data_parallelism(config, num_devices)
     _require(s.batch_size % dp == 0, f"config.{name}.batch_size", f"{s.batch_size} pairs are not divisible by the "
              f"{dp}-way data axes")
@@ -497,7 +545,8 @@ def _check_learned_reward(config: Any, num_devices: int) -> None:
 
 
 # Section checks in order; the stage checks run only for stages the run includes.
-CHECKS: list[Callable[[Any, int], None]] = [_check_top, _check_run, _check_model, _check_mesh, _check_sampling]
+CHECKS: list[Callable[[Any, int], None]] = [_check_finite, _check_top, _check_run, _check_model, _check_mesh,
+                                            _check_sampling]
 STAGE_CHECKS: dict[str, list[Callable[[Any, int], None]]] = {
   "sample": [_check_sample_stage],
   "sft": [_check_task, _check_sft],

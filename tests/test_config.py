@@ -1,11 +1,13 @@
 """Bad configurations stop `rl_lm.main` before anything compiles, with one message naming the key."""
 
+import math
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import ml_collections
 import pytest
 
 from rl_lm import config as config_lib
@@ -48,6 +50,10 @@ BAD = [
   (DEFAULT, ["--config.reward.weights.helpfulness=1.0"], "config.reward.weights.helpfulness"),
   (DEFAULT, ["--config.rl.kl.placement=reward"], "config.rl.kl.placement"),  # grpo has no per-token reward
   (DEFAULT, ["--config.sampling.greedy=True"], "config.sampling.greedy"),  # RL needs sampled completions
+  (DEFAULT, ["--config.rl.learning_rate=inf"], "config.rl.learning_rate: must be a finite number, got inf"),
+  (DEFAULT, ["--config.sft.learning_rate=inf"], "config.sft.learning_rate: must be a finite number, got inf"),
+  (DEFAULT, ["--config.rl.grad_clip=nan"], "config.rl.grad_clip: must be a finite number, got nan"),
+  (DEFAULT, ["--config.rl.grad_clip=-1.0"], "config.rl.grad_clip: must be >= 0"),
 ]
 
 
@@ -105,6 +111,54 @@ def test_a_real_checkpoint_config_without_its_checkpoint_is_refused():
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(gsm8k_qwen.get_config(), num_devices=1)
   assert e.value.key == "config.model.hf_checkpoint"
+
+
+def _float_keys(node, path=""):
+  for k, v in node.items():
+    key = f"{path}.{k}" if path else k
+    if isinstance(v, ml_collections.ConfigDict):
+      yield from _float_keys(v, key)
+    elif isinstance(v, float):
+      yield key
+
+
+def _set(config, key, value):
+  *parents, last = key.split(".")
+  for part in parents:
+    config = config[part]
+  config[last] = value
+
+
+def test_every_float_must_be_finite_unless_documented():
+  from configs import default
+
+  keys = list(_float_keys(config_lib.base_config()))
+  assert "rl.learning_rate" in keys and "reward.weights.correctness" in keys
+  for key in keys:
+    for bad in (math.nan, -math.inf) + (() if key in config_lib.ALLOW_INF else (math.inf,)):
+      config = default.get_config()
+      _set(config, key, bad)
+      with pytest.raises(config_lib.ConfigError) as e:
+        config_lib.validate(config, num_devices=1)
+      assert e.value.key == f"config.{key}", (key, bad, str(e.value))
+  for key in config_lib.ALLOW_INF:  # documented: inf turns that alarm off
+    config = default.get_config()
+    _set(config, key, math.inf)
+    config_lib.validate(config, num_devices=1)
+
+
+@pytest.mark.parametrize("key, value", [("rl.learning_rate", 0.0), ("rl.weight_decay", -0.1), ("rl.entropy_coef", -1.0),
+                                        ("rl.value.clip", -0.2), ("rl.value.coef", -1.0), ("sft.weight_decay", -1.0),
+                                        ("rl.curriculum.promote_above", 1.5), ("rl.alarms.kl_max", 0.0),
+                                        ("rl.overlong_penalty", -1.0), ("sampling.top_p", 0.0)])
+def test_ranges(key, value):
+  from configs import default
+
+  config = default.get_config()
+  _set(config, key, value)
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config, num_devices=1)
+  assert e.value.key == f"config.{key}"
 
 
 def test_validate_names_the_key_in_process():

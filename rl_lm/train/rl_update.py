@@ -183,15 +183,20 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     zero_metrics["train/loss"] = jnp.zeros((), jnp.float32)
     (grads, metrics), _ = jax.lax.scan(body, (zero_grads, zero_metrics), (minibatch, weights))
 
+    # One step for policy and value together: taken only when every gradient and both updated states are
+    # finite, else both states are kept as they were.
     policy_grads, value_grads = grads
-    finite = jnp.isfinite(state_lib.global_norm(grads))
+    ok = jnp.isfinite(state_lib.global_norm(grads))
     metrics["train/grad_norm"] = state_lib.global_norm(policy_grads)
-    metrics["train/skipped"] = (~finite).astype(jnp.float32)
-    new_policy = state_lib.apply_gradients(state.policy, policy_grads, policy_opt, finite)
+    new_policy, metrics["train/update_norm"] = state_lib.propose(state.policy, policy_grads, policy_opt)
+    ok = ok & state_lib.all_finite((new_policy.params, new_policy.opt_state))
     new_value = state.value
     if state.value is not None:
       metrics["value/grad_norm"] = state_lib.global_norm(value_grads)
-      new_value = state_lib.apply_gradients(state.value, value_grads, value_opt, finite)
-    return RLState(new_policy, new_value, state.kl), metrics
+      new_value, metrics["value/update_norm"] = state_lib.propose(state.value, value_grads, value_opt)
+      ok = ok & state_lib.all_finite((new_value.params, new_value.opt_state))
+      new_value = state_lib.accept(ok, new_value, state.value)
+    metrics["train/skipped"] = (~ok).astype(jnp.float32)
+    return RLState(state_lib.accept(ok, new_policy, state.policy), new_value, state.kl), metrics
 
   return jax.jit(mesh_lib.bind(update, mesh, rules), out_shardings=(shardings, None), donate_argnums=(0,))

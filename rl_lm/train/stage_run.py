@@ -5,7 +5,8 @@ non-finite-update stop.
   <workdir>/checkpoints/<stage>/complete.json   written last: the stage finished (a rerun skips it)
 
 A stage saves every `config.checkpoint.every` steps and at its last step. The extra record holds the
-step, the number of lines its metrics file had at that moment (a resumed run cuts the file back to
+step, the stage's number of steps (a rerun with another number is refused: the learning-rate schedule
+spans them), the number of lines its metrics file had at that moment (a resumed run cuts the file back to
 it, so rows written after the checkpoint by the killed run are not doubled), and whatever Python-side
 state the stage needs (curriculum counts and generator state, the skipped-update streak).
 """
@@ -20,16 +21,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_lm.checkpoint import Checkpointer, CheckpointError, restore_item
+from rl_lm.checkpoint import Checkpointer, CheckpointError, NonFiniteError, restore_item
+from rl_lm.config import ConfigError
 from rl_lm.train import state as state_lib
 
 COMPLETE = "complete.json"
-
-
-class NonFiniteError(RuntimeError):
-  """Training stopped after `config.stop_after_nonfinite` skipped updates in a row."""
-
-  user_facing = True  # rl_lm.main reports it in one line
 
 
 def is_main_process() -> bool:
@@ -65,7 +61,8 @@ def load_params(path: str, target: Any) -> Any:
 
 
 class SkipCounter:
-  """Consecutive skipped updates (NaN/inf loss or gradients); `count` raises NonFiniteError at `stop_after`."""
+  """Consecutive skipped updates (NaN/inf loss, gradients or updated state); `count` raises NonFiniteError
+  (training stopped after `config.stop_after_nonfinite` of them in a row) at `stop_after`."""
 
   def __init__(self, stop_after: int, stage: str):
     self.stop_after, self.stage, self.streak = stop_after, stage, 0
@@ -80,8 +77,9 @@ class SkipCounter:
         last = self.last_checkpoint
         raise NonFiniteError(
           f"{self.stage} stopped at step {step}: {self.streak} updates in a row were skipped for a non-finite "
-          f"loss or gradient ({', '.join(bad) or 'train/grad_norm'}); config.stop_after_nonfinite="
-          f"{self.stop_after}. The last checkpoint ({f'step {last}' if last else 'none'}) is from before it")
+          f"loss, gradient or updated state ({', '.join(bad) or 'the new parameters or optimizer state'}); "
+          f"config.stop_after_nonfinite={self.stop_after}. The last checkpoint ({f'step {last}' if last else 'none'}) "
+          "is from before it")
 
 
 def count_lines(path: str) -> int:
@@ -102,15 +100,44 @@ class StageRun:
     self.metrics_path = os.path.join(workdir, metrics_file)
     self.skips = skips or SkipCounter(config.stop_after_nonfinite, stage)
     self.ckpt = Checkpointer(self.directory, max_to_keep=ck.keep, async_save=ck.async_save)
+    try:
+      self._check(total_steps, ck.resume)
+    except BaseException:
+      self.ckpt.close()
+      raise
+
+  def _check(self, total_steps: int, resume: bool) -> None:
+    """Sets start_step and complete; refuses a workdir this run cannot continue."""
+    stage, directory = self.stage, self.directory
     self.start_step = self.ckpt.latest_step() or 0
-    self.complete = os.path.exists(os.path.join(self.directory, COMPLETE))
-    if self.start_step and not ck.resume:
-      raise CheckpointError(f"{self.directory} holds checkpoints (latest step {self.start_step}) and "
+    done = self._completed_step()
+    self.complete = done is not None and done == self.start_step  # else its last checkpoint was moved aside
+    if self.start_step and not resume:
+      raise CheckpointError(f"{directory} holds checkpoints (latest step {self.start_step}) and "
                             "config.checkpoint.resume is False: use a new --workdir or allow resuming")
+    # The learning-rate schedule spans the stage's steps, so a stage is never stretched or cut short.
+    key = f"config.{stage}.steps"
+    if self.complete and done != total_steps:
+      raise ConfigError(key, f"{total_steps}, but the {stage} stage in {directory} completed at step {done}: set it "
+                        f"back to {done}, or train on in a new --workdir with --config.{stage}.init_from={directory}")
+    if self.start_step:
+      started = self.ckpt.restore(self.start_step, {})[1].get("total_steps")  # None: written before it was recorded
+      if started is not None and started != total_steps:
+        raise ConfigError(key, f"{total_steps}, but the {stage} stage in {directory} was started with {started} "
+                          f"steps (its checkpoint at step {self.start_step}): set it back to {started}, or use a new "
+                          "--workdir")
     if self.start_step > total_steps:
-      raise CheckpointError(f"{self.directory} holds step {self.start_step}, beyond this run's {total_steps} "
-                            f"{stage} steps: use a new --workdir")
+      raise ConfigError(key, f"{total_steps}, but {directory} holds step {self.start_step} of a longer {stage} "
+                        "stage: set it back, or use a new --workdir")
     self.skips.last_checkpoint = self.start_step or None
+
+  def _completed_step(self) -> int | None:
+    """The step complete.json records, or None when the stage never completed."""
+    path = os.path.join(self.directory, COMPLETE)
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      return int(json.load(f)["step"])
 
   def restore(self, targets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The latest checkpoint's items and extra; the metrics file is cut back to what it held then."""
@@ -129,8 +156,8 @@ class StageRun:
     return step == self.total or bool(self.every and step % self.every == 0)
 
   def save(self, step: int, items: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
-    record = {"step": step, "metrics_lines": count_lines(self.metrics_path), "nonfinite_streak": self.skips.streak,
-              **(extra or {})}
+    record = {"step": step, "total_steps": self.total, "metrics_lines": count_lines(self.metrics_path),
+              "nonfinite_streak": self.skips.streak, **(extra or {})}
     self.ckpt.save(step, items, record)
     self.skips.last_checkpoint = step
 

@@ -60,14 +60,30 @@ def global_norm(tree: Any) -> jax.Array:
   return optax.tree.norm(tree)
 
 
-def apply_gradients(state: TrainState, grads: Any, optimizer: optax.GradientTransformation,
-                    finite: jax.Array | bool = True) -> TrainState:
-  """One optimizer step; when `finite` is False (a NaN or inf in the gradients) the state is kept as it was."""
+def all_finite(tree: Any) -> jax.Array:
+  """True when no floating-point leaf of `tree` holds a NaN or an inf (integer leaves cannot). [] bool"""
+  flags = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.stack(flags).all() if flags else jnp.asarray(True)
+
+
+def propose(state: TrainState, grads: Any, optimizer: optax.GradientTransformation) -> tuple[TrainState, jax.Array]:
+  """The state one optimizer step later, unconditionally, and the global norm of the parameter update."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  return TrainState(state.step + jnp.asarray(finite, jnp.int32), keep(params, state.params),
-                    keep(opt_state, state.opt_state))
+  return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), global_norm(updates)
+
+
+def accept(ok: jax.Array, new: TrainState, old: TrainState) -> TrainState:
+  """`new` where `ok`, else `old`: a skipped step keeps the parameters, optimizer state and step count."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def apply_gradients(state: TrainState, grads: Any, optimizer: optax.GradientTransformation,
+                    finite: jax.Array | bool = True) -> tuple[TrainState, jax.Array, jax.Array]:
+  """One optimizer step, kept only when `finite` (the loss and gradients were) and the new parameters and
+  optimizer state are finite too (an inf learning rate, an overflowing moment). -> (state, applied, update norm)."""
+  new, update_norm = propose(state, grads, optimizer)
+  ok = jnp.asarray(finite) & all_finite((new.params, new.opt_state))
+  return accept(ok, new, state), ok, update_norm
 
 
 def make_update_fn(
@@ -76,16 +92,17 @@ def make_update_fn(
 ) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict]]:
   """`update_fn(state, batch, rng) -> (state, metrics)`, jitted once, the state donated.
 
-  loss_fn(params, batch, rng) -> (scalar loss, metrics dict). Metrics gain `train/loss`, `train/grad_norm`
-  and `train/skipped` (1.0 when a NaN or inf in the loss or gradients left the state unchanged).
+  loss_fn(params, batch, rng) -> (scalar loss, metrics dict). Metrics gain `train/loss`, `train/grad_norm`,
+  `train/update_norm` and `train/skipped` (1.0 when a NaN or inf in the loss, the gradients or the updated
+  parameters or optimizer state left the state unchanged).
   """
 
   def update(state: TrainState, batch: Any, rng: jax.Array):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, rng)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
-    metrics = dict(metrics, **{"train/loss": loss, "train/grad_norm": grad_norm,
-                               "train/skipped": (~finite).astype(jnp.float32)})
-    return apply_gradients(state, grads, optimizer, finite), metrics
+    grad_norm = global_norm(grads)
+    state, applied, update_norm = apply_gradients(state, grads, optimizer, jnp.isfinite(grad_norm) & jnp.isfinite(loss))
+    metrics = dict(metrics, **{"train/loss": loss, "train/grad_norm": grad_norm, "train/update_norm": update_norm,
+                               "train/skipped": (~applied).astype(jnp.float32)})
+    return state, metrics
 
   return jax.jit(mesh_lib.bind(update, mesh, rules), out_shardings=(shardings, None), donate_argnums=(0,))
