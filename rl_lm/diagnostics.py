@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm.rl import masked
+from rl_lm.rl import advantages, kl, masked
 
 Array = Any  # jax.Array or np.ndarray
 
@@ -85,7 +85,7 @@ def rollout_metrics(
   Returns:
     {name: float32 scalar}. Keys: rollout/{reward_mean, reward_std, pass_rate, response_length_mean,
     response_length_max, truncation_rate, invalid_frac, completion_tokens},
-    groups/{zero_variance_frac, solve_all_frac, solve_none_frac}, policy/{kl_ref_k1, kl_ref_k3, entropy},
+    groups/{zero_variance_frac, solve_all_frac, solve_none_frac}, policy/{kl_ref_k1, kl_ref_k3, kl_ref_seq, entropy},
     offpolicy/{logprob_gap_mean_abs, logprob_gap_max, sampler_trainer_kl, is_weight_mean, is_weight_max},
     value/explained_variance; each only when its inputs were given.
   """
@@ -113,15 +113,12 @@ def rollout_metrics(
   m["rollout/invalid_frac"] = jnp.mean(_f32(~valid)) if b else jnp.float32(0)
   m["rollout/completion_tokens"] = _f32(jnp.sum(mask))
 
-  # Groups: a group with fewer than two valid members, or whose valid rewards are all equal, has no
-  # group-relative signal (its advantages are all 0).
+  # Groups: zero-variance groups (all valid rewards equal, or < 2 valid) carry no group-relative signal.
   g = b // group_size
-  gs, gv = scores.reshape(g, group_size), valid.reshape(g, group_size)
-  hi = jnp.max(jnp.where(gv, gs, -jnp.inf), axis=1, initial=-jnp.inf)
-  lo = jnp.min(jnp.where(gv, gs, jnp.inf), axis=1, initial=jnp.inf)
-  zero_var = (jnp.sum(gv, axis=1) < 2) | (hi == lo)
+  zero_var = advantages.group_zero_variance(scores, group_size, valid)  # [g]
   m["groups/zero_variance_frac"] = jnp.mean(_f32(zero_var)) if g else jnp.float32(0)
   if success is not None:
+    gv = valid.reshape(g, group_size)
     gsucc = jnp.asarray(success, bool).reshape(g, group_size) & gv
     any_valid = jnp.any(gv, axis=1)
     n_succ, n_valid = jnp.sum(gsucc, axis=1), jnp.sum(gv, axis=1)
@@ -131,19 +128,20 @@ def rollout_metrics(
   # Policy vs reference.
   policy_logp = logprobs if logprobs is not None else sampler_logprobs
   if policy_logp is not None and ref_logprobs is not None:
-    logp, ref = _f32(policy_logp), _f32(ref_logprobs)
-    d = jnp.where(mask, ref - logp, 0.0)  # log(pi_ref / pi); zeroed off-mask so exp cannot overflow there
-    m["policy/kl_ref_k1"] = masked.masked_mean(-d, mask)
-    m["policy/kl_ref_k3"] = masked.masked_mean(jnp.exp(d) - 1.0 - d, mask)
+    k1 = kl.estimate(policy_logp, ref_logprobs, "k1", mask)  # [B, T]
+    m["policy/kl_ref_k1"] = masked.masked_mean(k1, mask)
+    m["policy/kl_ref_k3"] = masked.masked_mean(kl.estimate(policy_logp, ref_logprobs, "k3", mask), mask)
+    m["policy/kl_ref_seq"] = jnp.mean(jnp.sum(k1, axis=-1)) if b else jnp.float32(0)  # k1 summed per completion
   if entropy is not None:
     m["policy/entropy"] = masked.masked_mean(_f32(entropy), mask)
 
-  # Sampler vs trainer: log r = trainer - sampler; k3 estimate of KL(sampler || trainer) = E_sampler[r - 1 - log r].
+  # Sampler vs trainer: the tokens come from the sampler, so KL(sampler || trainer) has the sampler as "pi";
+  # the per-token gap |trainer - sampler| is |k1|.
   if logprobs is not None and sampler_logprobs is not None:
-    log_r = jnp.where(mask, _f32(logprobs) - _f32(sampler_logprobs), 0.0)
-    m["offpolicy/logprob_gap_mean_abs"] = masked.masked_mean(jnp.abs(log_r), mask)
-    m["offpolicy/logprob_gap_max"] = masked.masked_max(jnp.abs(log_r), mask)
-    m["offpolicy/sampler_trainer_kl"] = masked.masked_mean(jnp.exp(log_r) - 1.0 - log_r, mask)
+    gap = jnp.abs(kl.estimate(sampler_logprobs, logprobs, "k1", mask))  # [B, T]
+    m["offpolicy/logprob_gap_mean_abs"] = masked.masked_mean(gap, mask)
+    m["offpolicy/logprob_gap_max"] = masked.masked_max(gap, mask)
+    m["offpolicy/sampler_trainer_kl"] = masked.masked_mean(kl.estimate(sampler_logprobs, logprobs, "k3", mask), mask)
   if is_weights is not None:
     w = _f32(is_weights)
     m["offpolicy/is_weight_mean"] = masked.masked_mean(w, mask)

@@ -1,10 +1,18 @@
 """One device mesh for every model, and the logical-axis rules that place tensors on it.
 
 Models name logical axes only ('batch', 'embed', 'mlp', ...). A rule list maps each logical
-name to mesh axes, in order of preference; the first candidate whose mesh axes are still
-free in that tensor wins, and a dimension not divisible by its mesh axes stays replicated.
-So weights `('embed', 'mlp')` shard over (fsdp, tensor) while activations
-`('batch', 'length', 'embed')` shard the batch over (data, fsdp) and keep embed whole.
+name to mesh axes, in order of priority, and flax's `logical_to_mesh_axes` resolves it: the
+first rule for a dimension's name whose mesh axes no other dimension holds yet wins, a rule
+`(name, None)` replicates, and a name with no rule is replicated. So weights
+`('embed', 'mlp')` shard over (fsdp, tensor) while activations `('batch', 'length', 'embed')`
+shard the batch over (data, fsdp) and keep embed whole. A tensor may not name one logical
+axis twice (flax raises ValueError).
+
+Flax knows no shapes, so `logical_to_spec` first fits the rules to the tensor: mesh axes of
+size 1 are dropped, and a rule whose mesh axes do not divide its dimension is skipped (the
+next rule for that name, if any, is tried; otherwise it stays replicated). That is why
+`constrain` and `tree_shardings` wrap this resolver rather than call flax's
+`with_logical_constraint` / `logical_to_mesh_sharding`, which would emit uneven shardings.
 
 Activation constraints are applied while tracing inside `activate(mesh, rules)`; wrap a
 function with `bind(fn, mesh, rules)` before jitting it so that its trace always sees them.
@@ -19,6 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -90,29 +99,19 @@ def logical_to_spec(
   logical: Sequence[str | None], rules: Rules = DEFAULT_RULES, mesh: Mesh | None = None,
   shape: Sequence[int] | None = None,
 ) -> PartitionSpec:
-  """Maps logical axis names to a PartitionSpec.
-
-  Each dimension takes the first rule for its name whose mesh axes are unused so far in this
-  spec (and, given `mesh` and `shape`, divide the dimension); otherwise it is replicated.
-  """
-  used: set[str] = set()
-  out: list[Any] = []
-  for i, name in enumerate(logical):
-    chosen: tuple[str, ...] = ()
-    if name is not None:
-      for rule_name, axes in rules:
-        axes = _norm_axes(axes)
-        if rule_name != name or not axes or used.intersection(axes):
-          continue
-        if mesh is not None:
-          axes = tuple(a for a in axes if mesh.shape[a] > 1)
-          if shape is not None and shape[i] % math.prod(mesh.shape[a] for a in axes):
-            continue
-        chosen = axes
-        break
-    used.update(chosen)
-    out.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
-  return PartitionSpec(*out)
+  """Maps logical axis names to a PartitionSpec by `rules` (flax's resolver), fitted to `mesh` and `shape`."""
+  logical = tuple(logical)
+  fitted = []
+  for name, axes in rules:
+    if name not in logical:
+      continue
+    axes = _norm_axes(axes)
+    if mesh is not None:
+      axes = tuple(a for a in axes if mesh.shape[a] > 1)
+      if shape is not None and shape[logical.index(name)] % math.prod(mesh.shape[a] for a in axes):
+        continue
+    fitted.append((name, axes or None))
+  return nn.logical_to_mesh_axes(logical, fitted)
 
 
 def named_sharding(mesh: Mesh, logical: Sequence[str | None], rules: Rules, shape: Sequence[int]) -> NamedSharding:

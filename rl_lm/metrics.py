@@ -11,9 +11,9 @@ reads back; `read_jsonl` does it for you): the file stays strict JSON and a NaN 
 from a missing value. The file is opened for append, so a resumed run continues it; readers keep the
 last record of a step.
 
-`TensorBoardWriter` writes event files (read back with `read_tensorboard`); `read_wandb_offline` reads the
-history of an offline W&B run from its `.wandb` transaction log; `stage_writers` builds the optional
-TensorBoard and W&B writers of a training stage from `config.logging`.
+`TensorBoardWriter` writes event files (read back with `read_tensorboard`, by TensorBoard's own loader);
+`WandbWriter` logs to a W&B run (its files are W&B's own business: `wandb sync` uploads an offline run);
+`stage_writers` builds the optional TensorBoard and W&B writers of a training stage from `config.logging`.
 
 `run_info` / `write_run_info` record what a run was (config, git commit, jax version, devices, host,
 start time) in `run_info.json`; `plot_curves` draws chosen metrics from a JSONL file into one PNG.
@@ -21,7 +21,6 @@ start time) in `run_info.json`; `plot_curves` draws chosen metrics from a JSONL 
 
 from __future__ import annotations
 
-import collections
 import datetime
 import itertools
 import json
@@ -29,12 +28,10 @@ import math
 import os
 import platform
 import socket
-import struct
 import subprocess
 import sys
 import time
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
@@ -275,113 +272,10 @@ class WandbWriter:
     self.run.log(values, step=int(step))
 
   def close(self) -> None:
-    """Finishes the run; offline, also waits until the run's `.wandb` log holds everything (`_wait_for_exit`)."""
+    """Finishes the run; idempotent."""
     if self.run is not None:
-      log = Path(self.run.settings.sync_file)
       self.run.finish()
       self.run = None
-      if self.mode == "offline":
-        _wait_for_exit(log)
-
-
-# The `.wandb` file is a LevelDB-style log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then 32 KiB
-# blocks of chunks, each `crc32 (uint32) | length (uint16) | type (uint8) | data`, little-endian, the CRC
-# (zlib's) over the type byte then the data. A record that does not fit a block is split FIRST, MIDDLE...,
-# LAST; a block's tail shorter than a chunk header is zero padding. Each record is a `wandb_internal.Record`.
-_WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
-_WANDB_BLOCK = 32768
-_WANDB_FULL, _WANDB_FIRST, _WANDB_MIDDLE, _WANDB_LAST = 1, 2, 3, 4
-
-
-def _wandb_records(path: Path) -> Iterator[bytes]:
-  """The serialized records of a `.wandb` file; stops quietly at a record cut short by a killed writer."""
-  data = path.read_bytes()
-  if data[:len(_WANDB_HEADER)] != _WANDB_HEADER:
-    raise ValueError(f"{path}: not a W&B transaction log (bad header {data[:7]!r})")
-  i, parts = len(_WANDB_HEADER), None
-  while True:
-    left = _WANDB_BLOCK - i % _WANDB_BLOCK
-    if left < 7:
-      i += left
-    if i + 7 > len(data):
-      return
-    crc, n, kind = struct.unpack_from("<IHB", data, i)
-    chunk = data[i + 7:i + 7 + n]
-    if kind == 0 or len(chunk) < n:  # zero-filled or cut-short tail
-      return
-    if crc != zlib.crc32(chunk, zlib.crc32(bytes([kind]))):
-      raise ValueError(f"{path}: corrupt record at byte {i} (CRC mismatch)")
-    i += 7 + n
-    if kind == _WANDB_FULL:
-      yield chunk
-    elif kind == _WANDB_FIRST:
-      parts = [chunk]
-    elif kind in (_WANDB_MIDDLE, _WANDB_LAST) and parts is not None:
-      parts.append(chunk)
-      if kind == _WANDB_LAST:
-        yield b"".join(parts)
-        parts = None
-    else:
-      raise ValueError(f"{path}: unexpected record type {kind} at byte {i - 7 - n}")
-
-
-def _wait_for_exit(path: Path, timeout: float = 10.0) -> None:
-  """Waits, at most `timeout` seconds, for the exit record of a `.wandb` log: `run.finish()` can return while
-  W&B's service is still writing the file's tail (seen with wandb 0.31), and a reader would miss the last rows."""
-  from wandb.proto import wandb_internal_pb2
-
-  deadline = time.monotonic() + timeout
-  while True:
-    try:
-      tail = collections.deque(_wandb_records(path), maxlen=8)
-    except (OSError, ValueError):  # not there yet, or a header still unwritten
-      tail = collections.deque()
-    for raw in tail:
-      record = wandb_internal_pb2.Record()
-      record.ParseFromString(raw)
-      if record.WhichOneof("record_type") == "exit":
-        return
-    if time.monotonic() > deadline:
-      return
-    time.sleep(0.05)
-
-
-def _numeric(v: Any) -> float | None:
-  return float(v) if isinstance(v, bool | int | float) else None
-
-
-def read_wandb_offline(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-  """History of an offline W&B run, `{key: [(step, value), ...]}`, parsed from its `.wandb` transaction log.
-
-  `run_dir` is a `wandb/offline-run-*` folder (or the `.wandb` file itself). Numeric values only (bools as
-  0/1, NaN and infinities kept); W&B's own keys (`_step`, `_runtime`, `_timestamp`) are left out. Sorted by
-  step; a step logged twice keeps its last value. A resumed run is a second folder with the same run id.
-  """
-  from wandb.proto import wandb_internal_pb2
-
-  path = Path(run_dir)
-  files = [path] if path.is_file() else sorted(path.glob("*.wandb"))
-  if len(files) != 1:
-    raise FileNotFoundError(f"{run_dir}: expected one .wandb file, found {len(files)}")
-  series: dict[str, dict[int, float]] = {}
-  for raw in _wandb_records(files[0]):
-    record = wandb_internal_pb2.Record()
-    record.ParseFromString(raw)
-    if record.WhichOneof("record_type") != "history":
-      continue
-    row: dict[str, Any] = {}
-    for item in record.history.item:
-      key = item.key or ".".join(item.nested_key)
-      if item.value_json:
-        row[key] = json.loads(item.value_json)  # NaN / Infinity are accepted
-      elif item.WhichOneof("value") is not None:
-        row[key] = getattr(item, item.WhichOneof("value"))
-    step = row["_step"] if isinstance(row.get("_step"), int) else record.history.step.num
-    for key, v in row.items():
-      value = _numeric(v)
-      if value is not None and not key.startswith("_"):
-        series.setdefault(key, {})[int(step)] = value
-  return {k: sorted(v.items()) for k, v in series.items()}
 
 
 class MultiWriter:
@@ -635,6 +529,6 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str
 
 __all__ = [
   "ALIASES", "ConsoleProgress", "JsonlWriter", "MetricsWriter", "MultiWriter", "TensorBoardWriter", "WandbWriter",
-  "format_duration", "format_value", "git_commit", "plot_curves", "read_jsonl", "read_tensorboard",
-  "read_wandb_offline", "run_info", "scalarize", "stage_writers", "write_run_info",
+  "format_duration", "format_value", "git_commit", "plot_curves", "read_jsonl", "read_tensorboard", "run_info",
+  "scalarize", "stage_writers", "write_run_info",
 ]

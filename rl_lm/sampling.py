@@ -238,10 +238,8 @@ def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, t
 
   Scores the whole sequence with `transformer.forward` and the same temperature as the sampler.
   """
-  mask = rollout.prompt_mask | rollout.completion_mask
-  logits = transformer.forward(model_cfg, params, rollout.tokens, mask)[:, :-1] / temperature  # predicts t+1
-  taken = losses.token_logprobs(logits, rollout.tokens[:, 1:])  # the trainer's own function
-  taken = jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken], axis=1)
+  logits = transformer.forward(model_cfg, params, rollout.tokens, rollout.prompt_mask | rollout.completion_mask)
+  taken = losses.next_token_logprobs(logits, rollout.tokens, temperature)  # [B, P + N], the trainer's own function
   return jnp.where(rollout.completion_mask, taken, 0.0)
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +43,7 @@ def test_sharded_round_trip_keeps_values_and_placement(tmp_path):
     restored, got_extra = ckpt.restore(items={"state": target})
   restored = restored["state"]
   assert got_extra == extra
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, state)
+  chex.assert_trees_all_equal(restored, state)
   w = restored["params"]["layers"]["w_gate"]
   assert w.sharding.spec == state["params"]["layers"]["w_gate"].sharding.spec  # placed on the mesh as it loads
 
@@ -130,7 +131,7 @@ def test_flipped_bytes_in_the_parameter_data_are_one_clear_error(tmp_path, where
     restore_item(str(tmp_path), "params", target)
   restored, extra = restore_item(str(tmp_path / "4"), "params", target)  # the one before is intact
   assert extra == {"step": 4}
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, params)
+  chex.assert_trees_all_equal(restored, params)
   with Checkpointer(str(tmp_path)) as ckpt:  # other items of the corrupt step still verify and load
     assert set(ckpt.restore(6, {"opt": None})[0]) == {"opt"}
   gc.collect()  # the failed reads' leftovers, while the warning filter holds
@@ -150,7 +151,7 @@ def test_checksums_cover_every_dtype_and_tolerate_old_checkpoints_and_casts(tmp_
     cast = ckpt.restore(items={"x": {**jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), item),
                                      "f32": jax.ShapeDtypeStruct((3, 4), jnp.bfloat16)}})[0]["x"]
   assert cast["f32"].dtype == jnp.bfloat16  # restored in another dtype: nothing to compare, no false alarm
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored["x"], item)
+  chex.assert_trees_all_equal(restored["x"], item)
   del record[CHECKSUMS]  # a checkpoint written before checksums existed
   record_file.write_text(json.dumps(record))
   with Checkpointer(str(tmp_path)) as ckpt:

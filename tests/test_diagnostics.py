@@ -81,6 +81,7 @@ def _expected():
     "groups/solve_none_frac": 1 / 3,
     "policy/kl_ref_k1": -0.5 / 10,
     "policy/kl_ref_k3": ((1 - LN2) + (LN2 - 0.5) + (math.exp(0.5) - 1.5)) / 10,
+    "policy/kl_ref_seq": (-LN2 + LN2 - 0.5) / 6,  # per-completion sums of k1 = logp - ref, mean over 6 rows
     "policy/entropy": 0.6,
     "offpolicy/logprob_gap_mean_abs": 0.04,
     "offpolicy/logprob_gap_max": 0.3,

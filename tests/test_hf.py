@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,11 +104,8 @@ def _expected_params(cfg, state_dict) -> dict:
 
 
 def _assert_same(a, b) -> None:
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype and x.shape == y.shape, jax.tree_util.keystr(path)
-    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+  chex.assert_trees_all_equal_shapes_and_dtypes(a, b)
+  chex.assert_trees_all_equal(a, b)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,7 +75,7 @@ def test_same_numbers_on_every_mesh(results, shape):
   m = ref["mask"]
   np.testing.assert_allclose(got["logits"][m], ref["logits"][m], atol=1e-5)
   assert abs(got["loss"] - ref["loss"]) < 1e-5 and abs(got["grad_norm"] - ref["grad_norm"]) < 1e-5
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got["params"], ref["params"])
+  chex.assert_trees_all_close(got["params"], ref["params"], atol=1e-5)
   np.testing.assert_array_equal(got["tokens"], ref["tokens"])
   np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-5)
 
@@ -97,6 +98,8 @@ def test_logical_to_spec_rules():
   spec = mesh_lib.logical_to_spec(("batch", "length", "embed"), RULES, mesh, (8, 4, 64))
   assert spec == P(("data", "fsdp"), None, None)  # embed gives way: fsdp is taken by batch
   assert mesh_lib.logical_to_spec(("vocab", "embed"), RULES, mesh, (127, 64)) == P(None, "fsdp")  # 127 % 2
+  # Rule order decides a contested mesh axis (flax's semantics), not dimension order.
+  assert mesh_lib.logical_to_spec(("embed", "batch"), RULES, mesh, (64, 8)) == P(None, ("data", "fsdp"))
   with pytest.raises(ValueError, match="config.mesh"):
     mesh_lib.make_mesh(3, 1, 1)
   assert dict(mesh_lib.make_mesh(-1, 2, 1).shape) == {"data": 4, "fsdp": 2, "tensor": 1}

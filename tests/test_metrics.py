@@ -1,9 +1,14 @@
-"""Metric writers: JSONL round trip, console line and ETA with a fake clock, TensorBoard and W&B offline written
-and read back, per-stage writers with W&B resume, run_info, plots."""
+"""Metric writers: JSONL round trip, console line and ETA with a fake clock, TensorBoard written and read back,
+W&B through a recording fake `wandb` (tests/fake_wandb.py) checked against the real API, the real W&B offline,
+per-stage writers with W&B resume, run_info, plots."""
 
+import importlib.util
+import inspect
 import io
 import json
 import math
+import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import ml_collections
@@ -123,7 +128,27 @@ def test_multi_writer(tmp_path):
   assert out.getvalue().splitlines() == ["step 1/10 (10%) | a 0.5", "hello"]
 
 
-def test_wandb_disabled_does_nothing(tmp_path):
+FAKE_WANDB = Path(__file__).parent / "fake_wandb.py"
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+  """The recording stand-in tests/fake_wandb.py as `wandb`, fresh for each test: its calls are in `.calls`."""
+  spec = importlib.util.spec_from_file_location("wandb", FAKE_WANDB)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  monkeypatch.setitem(sys.modules, "wandb", module)
+  monkeypatch.delenv("RL_LM_FAKE_WANDB_LOG", raising=False)
+  return module
+
+
+def _logged(calls, run_id):
+  """`[(step, data), ...]` of the `log` calls of run `run_id`, in call order."""
+  return [(c["step"], c["data"]) for c in calls if c["call"] == "log" and c["run"] == run_id]
+
+
+def test_wandb_disabled_does_nothing(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` would raise: disabled never imports it
   w = WandbWriter("proj", mode="disabled", dir=tmp_path)
   w.write(1, {"a": 1.0})
   w.close()
@@ -132,9 +157,54 @@ def test_wandb_disabled_does_nothing(tmp_path):
     WandbWriter("proj", mode="cloud")
 
 
+def test_wandb_writer_logs_numeric_values_at_their_steps(tmp_path, fake_wandb):
+  w = WandbWriter("rl_lm-test", name="unit", mode="offline", dir=tmp_path / "wb", config={"algo": "grpo", "lr": 1e-6})
+  assert (tmp_path / "wb").is_dir()  # created for W&B
+  run_id = w.run.id
+  steps = (0, 5, 20)
+  for step in steps:
+    w.write(step, {"rollout/reward_mean": jnp.float32(0.1 * step), "train/loss": float("nan"), "stage": "rl",
+                   "flag": step == 5, "n": np.int64(step)})
+  w.close()
+  w.close()  # idempotent
+  w.write(21, {"a": 1.0})  # after close: nothing
+  calls = fake_wandb.calls
+  assert [c["call"] for c in calls] == ["init", "log", "log", "log", "finish"]
+  assert calls[0]["kwargs"] == {"project": "rl_lm-test", "name": "unit", "mode": "offline", "dir": str(tmp_path / "wb"),
+                                "config": {"algo": "grpo", "lr": 1e-6}}
+  # Every numeric value at its step, as a plain Python number; strings are not sent.
+  logged = _logged(calls, run_id)
+  assert [s for s, _ in logged] == list(steps)
+  for step, data in logged:
+    assert set(data) == {"rollout/reward_mean", "train/loss", "flag", "n"}
+    assert data["rollout/reward_mean"] == float(np.float32(0.1 * step)) and type(data["rollout/reward_mean"]) is float
+    assert math.isnan(data["train/loss"])
+    assert data["flag"] is (step == 5) and data["n"] == step and type(data["n"]) is int
+
+
+def test_fake_wandb_matches_the_real_api(tmp_path, fake_wandb, monkeypatch):
+  """What rl_lm calls on the fake, the real wandb accepts: `init`'s keywords bind to its signature, and a run has
+  the same `log` / `finish` parameters and the attributes read (`id`, `name`, `project`, `config`)."""
+  for _ in range(2):  # a new run, then a resumed one (id=..., resume="allow")
+    (wb,) = metrics.stage_writers(_config(tensorboard=False), tmp_path, "rl")
+    wb.write(1, {"a": 1.0})
+    wb.close()
+  monkeypatch.delitem(sys.modules, "wandb")
+  import wandb as real
+
+  inits = [c["kwargs"] for c in fake_wandb.calls if c["call"] == "init"]
+  assert len(inits) == 2 and inits[1]["resume"] == "allow"
+  for kwargs in inits:
+    inspect.signature(real.init).bind(**kwargs)
+  for name in ("log", "finish"):
+    fake_params = inspect.signature(getattr(fake_wandb.Run, name)).parameters
+    assert list(fake_params) == list(inspect.signature(getattr(real.Run, name)).parameters)
+  assert all(hasattr(real.Run, a) for a in ("id", "name", "project", "config"))
+
+
 @pytest.fixture
 def wandb_env(tmp_path, monkeypatch):
-  """W&B offline, its folders (cache, config, ...) inside tmp_path."""
+  """The real W&B, offline, its folders (cache, config, ...) inside tmp_path."""
   for var, sub in (("WANDB_DIR", "wb"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
                    ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
     monkeypatch.setenv(var, str(tmp_path / sub))
@@ -143,42 +213,22 @@ def wandb_env(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
 
 
-def test_wandb_offline_run(tmp_path, wandb_env):
-  w = WandbWriter("rl_lm-test", name="unit", mode="offline", dir=tmp_path / "wb", config={"algo": "grpo", "lr": 1e-6})
-  for step in range(3):
-    w.write(step, {"rollout/reward_mean": jnp.float32(0.1 * step), "train/loss": float("nan"), "stage": "rl"})
-  w.close()
-  w.close()  # idempotent
-  runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
-  assert len(runs) == 1
-  files = list(runs[0].glob("*.wandb"))
-  assert len(files) == 1 and files[0].stat().st_size > 0
-  assert b"rollout/reward_mean" in files[0].read_bytes()
-  # Read back from the transaction log: numeric values at their steps, strings and W&B's own keys left out.
-  history = metrics.read_wandb_offline(runs[0])
-  assert set(history) == {"rollout/reward_mean", "train/loss"}
-  assert history["rollout/reward_mean"] == [(s, float(np.float32(0.1 * s))) for s in range(3)]
-  assert [s for s, _ in history["train/loss"]] == [0, 1, 2] and all(math.isnan(v) for _, v in history["train/loss"])
-  assert metrics.read_wandb_offline(files[0]) == history  # the .wandb file itself works too
-
-
-def test_wandb_offline_read_back_large_rows(tmp_path, wandb_env):
-  # Rows of ~40 KB do not fit one 32 KiB block of the log: they are split into FIRST/MIDDLE/LAST chunks.
-  keys = [f"group{j:03d}/a_rather_long_metric_name_{j}" for j in range(700)]
-  w = WandbWriter("rl_lm-test", name="large", mode="offline", dir=tmp_path / "wb")
-  for step in (0, 5, 10, 20):
-    w.write(step, {k: step + j / 1000 for j, k in enumerate(keys)} | {"flag": step == 10, "n": np.int64(step)})
-  w.close()
-  (run,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
-  assert next(run.glob("*.wandb")).stat().st_size > 4 * 32768
-  history = metrics.read_wandb_offline(run)
-  assert set(history) == set(keys) | {"flag", "n"}
-  for j, k in enumerate(keys):
-    assert history[k] == [(s, s + j / 1000) for s in (0, 5, 10, 20)]
-  assert history["flag"] == [(0, 0.0), (5, 0.0), (10, 1.0), (20, 0.0)]
-  assert history["n"] == [(s, float(s)) for s in (0, 5, 10, 20)]
-  with pytest.raises(FileNotFoundError):
-    metrics.read_wandb_offline(tmp_path)
+def test_real_wandb_offline_run_is_resumed_under_its_id(tmp_path, wandb_env):
+  """The real wandb, offline: a stage's run is a folder for `wandb sync`, `offline-run-<time>-<id>`; a restart
+  resumes the same run id, in a second folder. (What was logged is W&B's to read: see the fake's tests.)"""
+  workdir = tmp_path / "run1"
+  (wb,) = metrics.stage_writers(_config(tensorboard=False), workdir, "rl")
+  assert wb.run.name == "run1-rl" and wb.run.config["algo"] == "grpo"
+  run_id = wb.run.id
+  wb.write(1, {"rollout/reward_mean": 0.25, "stage": "rl"})
+  wb.close()
+  (wb,) = metrics.stage_writers(_config(tensorboard=False), workdir, "rl")
+  assert wb.run.id == run_id
+  wb.write(2, {"rollout/reward_mean": 0.5})
+  wb.close()
+  runs = sorted((workdir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-1]: one folder per start
+  assert len(runs) == 2 and all(f"-{run_id}" in p.name for p in runs)
+  assert all(len(list(p.glob("*.wandb"))) == 1 for p in runs)
 
 
 def test_tensorboard_round_trip(tmp_path):
@@ -249,7 +299,7 @@ def _config(tensorboard=True, wandb_mode="offline"):
                                                                 "wandb_project": "rl_lm-test"}})
 
 
-def test_stage_writers_tensorboard_and_wandb_resume(tmp_path, wandb_env):
+def test_stage_writers_tensorboard_and_wandb_resume(tmp_path, fake_wandb):
   workdir = tmp_path / "run1"
   writers = metrics.stage_writers(_config(), str(workdir), "rl")
   tb, wb = writers
@@ -271,26 +321,29 @@ def test_stage_writers_tensorboard_and_wandb_resume(tmp_path, wandb_env):
 
   assert metrics.read_tensorboard(workdir / "tensorboard" / "rl") == {
     "rollout/reward_mean": [(1, 0.25), (2, 0.5), (3, 0.75)]}
-  runs = sorted((workdir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-1]: one folder per start
-  assert len(runs) == 2 and all(f"-{run_id}" in p.name for p in runs)
-  assert metrics.read_wandb_offline(runs[0]) == {"rollout/reward_mean": [(1, 0.25), (2, 0.5)]}
-  assert metrics.read_wandb_offline(runs[1]) == {"rollout/reward_mean": [(3, 0.75)]}
+  calls = fake_wandb.calls
+  assert [c["call"] for c in calls] == ["init", "log", "log", "finish", "init", "log", "finish"]
+  first, resumed = (c["kwargs"] for c in calls if c["call"] == "init")
+  assert first["project"] == "rl_lm-test" and first["mode"] == "offline" and first["dir"] == str(workdir)
+  assert "id" not in first and "resume" not in first
+  assert resumed["id"] == run_id and resumed["resume"] == "allow"
+  assert _logged(calls, run_id) == [(1, {"rollout/reward_mean": 0.25}), (2, {"rollout/reward_mean": 0.5}),
+                                    (3, {"rollout/reward_mean": 0.75})]
   # Another stage gets its own W&B run.
   (sft_wb,) = metrics.stage_writers(_config(tensorboard=False), workdir, "sft")
   assert sft_wb.run.id != run_id and (workdir / "wandb_run_id_sft.txt").read_text().strip() == sft_wb.run.id
+  assert "id" not in fake_wandb.calls[-1]["kwargs"]
   sft_wb.close()
 
 
-def test_stage_writers_optional(tmp_path, monkeypatch, capsys):
+def test_stage_writers_optional(tmp_path, fake_wandb, monkeypatch, capsys):
   assert metrics.stage_writers(_config(tensorboard=False, wandb_mode="disabled"), tmp_path, "rl") == []
-  assert list(tmp_path.iterdir()) == []
-
-  import wandb
+  assert list(tmp_path.iterdir()) == [] and fake_wandb.calls == []
 
   def broken_init(**kwargs):
     raise RuntimeError("no network\nsecond line")
 
-  monkeypatch.setattr(wandb, "init", broken_init)
+  monkeypatch.setattr(fake_wandb, "init", broken_init)
   (tb,) = metrics.stage_writers(_config(wandb_mode="online"), tmp_path, "rl")
   tb.close()
   err = capsys.readouterr().err

@@ -1,5 +1,6 @@
 """The model: padding invariance, the KV-cache path against the full forward, heads, presets."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,10 +21,7 @@ def _tokens(B, T, seed=1):
 
 
 def test_param_axes_match_params(params):
-  axes = transformer.param_axes(CFG)
-  shapes = jax.tree.map(lambda x: x.shape, params)
-  jax.tree.map(lambda s, a: None if len(s) == len(a) else pytest.fail(f"{s} vs {a}"), shapes, axes,
-               is_leaf=lambda x: isinstance(x, tuple))
+  jax.tree.map(lambda x, axes: chex.assert_rank(x, len(axes)), params, transformer.param_axes(CFG))
   n = sum(x.size for x in jax.tree.leaves(params))
   assert n == CFG.num_params()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -216,6 +217,9 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, h: jax.Array) -> jax.Ar
 
 def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array) -> jax.Array:
   """Final-normed hidden states. tokens [B, T] int32, mask [B, T] bool -> [B, T, D] compute dtype."""
+  chex.assert_rank(tokens, 2)  # checked while tracing: free per step
+  chex.assert_type(tokens, int)
+  chex.assert_equal_shape([tokens, mask])
   T = tokens.shape[1]
   mask = mask.astype(bool)
   cos, sin = rope_tables(cfg, positions_from_mask(mask))
@@ -262,7 +266,12 @@ def forward_cached(
   slots hold real tokens, the new ones included. Slot s is visible to new token t when
   kv_mask[b, s] and s <= index + t. Prefill is this call with index 0; decoding is T = 1.
   """
-  T, S = tokens.shape[1], cache.k.shape[2]
+  chex.assert_rank(tokens, 2)  # checked while tracing: free per step
+  chex.assert_type(tokens, int)
+  (B, T), S = tokens.shape, cache.k.shape[2]
+  chex.assert_shape(positions, (B, T))
+  chex.assert_shape(kv_mask, (B, S))
+  chex.assert_shape([cache.k, cache.v], (cfg.n_layers, B, S, cfg.n_kv_heads, cfg.head_dim))
   cos, sin = rope_tables(cfg, positions)
   slots = jnp.arange(S)[None, :]
   causal = slots <= (index + jnp.arange(T))[:, None]  # [T, S]

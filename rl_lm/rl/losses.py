@@ -215,6 +215,17 @@ def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
+def next_token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Log-prob of each token given the ones before it, from a forward pass over the same tokens.
+
+  logits [B, T, V] (logits[:, t] predicts tokens[:, t + 1]), tokens [B, T] -> [B, T] float32, aligned
+  with `tokens`: out[:, t] = log softmax(logits[:, t - 1] / temperature)[tokens[:, t]]; out[:, 0] = 0
+  (nothing predicts the first token). The sampler, the RL trainer and DPO all score tokens with this.
+  """
+  lp = token_logprobs(logits[:, :-1] / temperature, tokens[:, 1:])  # [B, T-1]
+  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+
+
 def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[jax.Array, Metrics]:
   """SFT loss: mean negative log-likelihood over the target tokens selected by mask. -> (loss, metrics).
 

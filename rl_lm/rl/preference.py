@@ -26,14 +26,11 @@ gives the paper's sequence log-likelihoods.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm.rl.losses import token_logprobs
+from rl_lm.rl.losses import next_token_logprobs
 from rl_lm.rl.masked import as_bool, masked_count, masked_mean, masked_sum
 
 LOSS_TYPES = ("dpo", "ipo")
@@ -162,7 +159,7 @@ def sequence_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, ave
   and padding False). Returns the sum over t >= 1 of log softmax(logits[:, t - 1])[tokens[:, t]] where
   mask[:, t]; with `average=True`, the mean over those tokens (0 for a row with none).
   """
-  lp = token_logprobs(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
+  lp = next_token_logprobs(logits, tokens)[:, 1:]  # [B, T-1]
   m = as_bool(mask)[:, 1:]  # [B, T-1]
   total = masked_sum(lp, m, axis=-1)  # [B]
   if average:
@@ -245,43 +242,6 @@ def calibration(
   }
 
 
-def reliability_plot(
-  bins_dict: dict[str, np.ndarray | float], path: str | os.PathLike, title: str | None = None
-) -> Path:
-  """Reliability diagram of a `calibration` result to a PNG: accuracy bars per bin over the diagonal, counts below."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  edges = np.asarray(bins_dict["rm/bin_edges"])
-  conf = np.asarray(bins_dict["rm/bin_confidence"])
-  acc = np.asarray(bins_dict["rm/bin_accuracy"])
-  count = np.asarray(bins_dict["rm/bin_count"])
-  centres, width = 0.5 * (edges[:-1] + edges[1:]), np.diff(edges)
-  full = count > 0
-  fig, (ax, ax_n) = plt.subplots(2, 1, figsize=(4.5, 5.5), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-  ax.bar(centres[full], acc[full], width=width[full], edgecolor="k", alpha=0.7, label="empirical frequency")
-  ax.plot(conf[full], acc[full], "o", color="C3", ms=4, label="(mean predicted, frequency)")
-  ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-  ax.set_ylim(0, 1)
-  ax.set_ylabel("frequency")
-  ax.legend(fontsize=7, loc="upper left")
-  ece = f"ECE {float(bins_dict['rm/ece']):.4f}"
-  ax.set_title(f"{title}: {ece}" if title else ece, fontsize=9)
-  ax_n.bar(centres, count, width=width, edgecolor="k", color="C7")
-  ax_n.set_xlabel("predicted probability")
-  ax_n.set_ylabel("count")
-  ax_n.set_xlim(0, 1)
-  fig.tight_layout()
-  out = Path(path)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out, format="png")
-  plt.close(fig)
-  return out
-
-
 __all__ = [
-  "LOSS_TYPES", "bradley_terry_loss", "calibration", "concat_pairs", "dpo_loss", "reliability_plot",
-  "sequence_logprobs", "split_pairs",
+  "LOSS_TYPES", "bradley_terry_loss", "calibration", "concat_pairs", "dpo_loss", "sequence_logprobs", "split_pairs",
 ]

@@ -25,6 +25,7 @@ import numpy as np
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling, tokenizer
 from rl_lm.models import transformer
+from rl_lm.rl import kl as kl_lib
 from rl_lm.rl import preference
 from rl_lm.tasks.preferences import SyntheticPreferences, gold_score
 from rl_lm.train import loop, stage_run
@@ -109,8 +110,13 @@ def sampled_kl(ctx: Context, policy: Any, reference: Any, out: dict[str, np.ndar
   rollout = sampling.Rollout(**{k: out[k] for k in sampling.Rollout._fields})
   rollout = rollout._replace(**{k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape))
                                 for k, v in rollout._asdict().items()})
-  fn = jax.jit(lambda p, r: sampling.completion_logprobs(ctx.model_cfg, p, r, temperature).sum(axis=1))
-  return float(np.mean(mesh_lib.fetch(fn(policy, rollout)) - mesh_lib.fetch(fn(reference, rollout))))
+
+  def seq_kl(p, r, rollout):  # [B]
+    logp = sampling.completion_logprobs(ctx.model_cfg, p, rollout, temperature)  # [B, P + N]
+    ref_logp = sampling.completion_logprobs(ctx.model_cfg, r, rollout, temperature)
+    return jnp.sum(kl_lib.estimate(logp, ref_logp, "k1", rollout.completion_mask), axis=1)
+
+  return float(np.mean(mesh_lib.fetch(jax.jit(seq_kl)(policy, reference, rollout))))
 
 
 def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:

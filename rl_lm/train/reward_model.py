@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import sampling, tokenizer
+from rl_lm import plots, sampling, tokenizer
 from rl_lm.checkpoint import restore_item
 from rl_lm.models import heads
 from rl_lm.rl import preference
@@ -103,9 +103,8 @@ def evaluate(ctx: Context, params: Any, eval_pairs: list, data: dict[str, np.nda
   cal = preference.calibration(rc, rr)
   out["rm_eval/ece"] = float(cal["rm/ece"])
   if stage_run.is_main_process():
-    os.makedirs(os.path.join(ctx.workdir, "eval"), exist_ok=True)
-    preference.reliability_plot(cal, os.path.join(ctx.workdir, "eval", f"reward_model_{label}_calibration.png"),
-                                title=f"reward model calibration ({label})")
+    plots.reliability_plot(cal, os.path.join(ctx.workdir, "eval", f"reward_model_{label}_calibration.png"),
+                           title=f"reward model calibration ({label})")
   return out
 
 

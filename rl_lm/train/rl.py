@@ -33,7 +33,7 @@ from rl_lm.models import heads
 from rl_lm.rewards import build_reward
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import kl as kl_lib
-from rl_lm.rl import losses
+from rl_lm.rl import losses, masked
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
@@ -302,7 +302,7 @@ class RLTrainer:
     timings["update"] = time.perf_counter() - t2
 
     # KL controller, curriculum, diagnostics.
-    kl_now = float(np.sum((prepared["old_logp"] - prepared["ref_logp"]) * mask) / max(mask.sum(), 1))  # k1
+    kl_now = float(masked.masked_mean(kl_lib.estimate(prepared["old_logp"], prepared["ref_logp"], "k1", mask), mask))
     # The controller's n_steps and horizon count episodes (Ziegler et al. 2019), B of them per step.
     kl_state = kl_lib.update_kl_state(self.state.kl, kl_now, self.B, adaptive=self.rl.kl.adaptive,
                                       target=self.rl.kl.target, horizon=self.rl.kl.horizon)
@@ -315,8 +315,6 @@ class RLTrainer:
       entropy=prepared["entropy"], truncated=~r["finished"], lengths=r["lengths"],
       values=data.get("old_values"), returns=data.get("returns"))  # IS-weight statistics come from tis_metrics
     metrics = {k: float(v) for k, v in metrics.items()}
-    # Sequence-level KL to the reference (k1 summed over each completion): the x axis of over-optimisation plots.
-    metrics["policy/kl_ref_seq"] = float(np.mean(np.sum((prepared["old_logp"] - prepared["ref_logp"]) * comp, axis=1)))
     if self.learned is not None:
       metrics["rollout/proxy_mean"] = float(np.mean(batch.scores))
       metrics["rollout/gold_mean"] = float(np.nanmean(r["gold"])) if np.isfinite(r["gold"]).any() else float("nan")

@@ -39,11 +39,9 @@ def logprobs_and_entropy(cfg: ModelConfig, params: Any, tokens: jax.Array, mask:
                          ) -> tuple[jax.Array, jax.Array]:
   """Log-prob of each token under params (temperature-scaled) and the entropy of the distribution it was
   drawn from. tokens, mask [B, T] -> ([B, T], [B, T]); column 0 is 0 (nothing predicts it)."""
-  logits = transformer.forward(cfg, params, tokens, mask)[:, :-1] / temperature  # [B, T-1, V]
-  logp = losses.token_logprobs(logits, tokens[:, 1:])
-  ent = losses.entropy_from_logits(logits)
-  pad = jnp.zeros_like(logp[:, :1])
-  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+  logits = transformer.forward(cfg, params, tokens, mask)  # [B, T, V]
+  ent = losses.entropy_from_logits(logits[:, :-1] / temperature)  # [B, T-1]
+  return losses.next_token_logprobs(logits, tokens, temperature), jnp.concatenate([jnp.zeros_like(ent[:, :1]), ent], 1)
 
 
 def token_values(cfg: ModelConfig, value_params: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
