@@ -92,6 +92,30 @@ def test_a_timeout_is_blamed_on_the_host_only_when_it_kept_the_program_waiting(t
   for cpu, wait in ((1.9, 0.05), (0.01, 0.01), (1.5, 1.5), (4.0, 25.0)):  # spinning, sleeping, a fork bomb's own queue
     assert sb._classify(_Outcome(started=True, timed_out=True, cpu_s=cpu, wait_s=wait), tmp_path, "n")[0] == "timeout"
   assert sb._classify(_Outcome(started=False, timed_out=True), tmp_path, "n")[0] == "sandbox_error"
+  lowered = _Outcome(started=True, timed_out=True, cpu_s=0.3, wait_s=1.5, deprioritised=True)
+  assert sb._classify(lowered, tmp_path, "n")[0] == "timeout"  # it chose to wait
+
+
+def test_a_program_that_lowers_its_own_priority_cannot_pass_its_wait_off_as_an_overloaded_host(jailed):
+  """On a host kept busy (six spinning processes, each in its own session as separate jobs are, so that the
+  kernel's autogroups share the CPUs between them and the sandbox), a spinning program waits on the runqueue:
+  masked as overloaded. The same program at SCHED_IDLE or nice 19 waits by its own choice: a 0, never masked."""
+  spin = "def add(a, b):\n  while True:\n    pass\n"
+  idle_spin = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" + spin
+  nice_spin = "import os\nos.nice(19)\n" + spin
+  hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(6)]
+  try:
+    time.sleep(0.3)
+    sb = Sandbox(SandboxLimits(timeout_s=1.5))
+    r = sb.run(CodeJob(spin, PROBE_TESTS, "add"))
+    assert r.status == "overloaded", r  # the host's doing: masked
+    for program in (idle_spin, nice_spin):
+      r = sb.run(CodeJob(program, PROBE_TESTS, "add"))
+      assert r.status == "timeout", r
+  finally:
+    for hog in hogs:
+      hog.kill()
+      hog.wait()
 
 
 def test_the_programs_clock_starts_when_its_sandbox_is_up(tmp_path, monkeypatch):

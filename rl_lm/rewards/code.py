@@ -39,7 +39,9 @@ raised, exited, died, or hit its file-size limit); timeout (the program did not 
 `timeout_s` of wall time counted from when its sandbox was up, or hit its CPU-time limit);
 memory_limit; overloaded (it ran out of wall time while the host kept it waiting: its processes
 spent at least half the budget runnable but off a CPU and got less than half of it on one, from
-/proc/<pid>/task/*/schedstat); sandbox_error (the sandbox failed to start within
+/proc/<pid>/task/*/schedstat, counting the CPU of children already reaped, and none of them had
+lowered its own priority: a nice value above 0 or SCHED_IDLE/SCHED_BATCH make waiting a choice);
+sandbox_error (the sandbox failed to start within
 `startup_timeout_s`, failed to isolate, or the harness or protocol failed: ours). The first six
 are verdicts on the program and score 0 (passed: 1) with valid=True, a program that spins, sleeps
 or ignores signals included; only overloaded and sandbox_error are masked (valid=False).
@@ -333,6 +335,7 @@ class _Outcome:
   layers: tuple[str, ...] = ()
   cpu_s: float = 0.0
   wait_s: float = 0.0
+  deprioritised: bool = False  # the program lowered its own priority (nice, SCHED_IDLE)
 
 
 class Sandbox:
@@ -459,9 +462,11 @@ class Sandbox:
         baseline = msg.get("sched", {})
         msg = reader.next(t0 + self.limits.timeout_s)
         if msg is None and not reader.eof:
-          cpu, wait = jail.sched_totals(jail.tree_pids([p.pid for p in procs]))
+          tree = jail.tree_pids([p.pid for p in procs])
+          cpu, wait = jail.sched_totals(tree)
           used = [sum(int(v[i]) for v in baseline.values()) / 1e9 for i in (0, 1)]
           out.cpu_s, out.wait_s = max(0.0, cpu - used[0]), max(0.0, wait - used[1])
+          out.deprioritised = jail.lowered_priority(tree)
       out.timed_out = msg is None and not reader.eof
       out.verdict = msg if msg is not None and msg.get("t") == "verdict" else None
       if out.verdict is not None:
@@ -494,7 +499,7 @@ class Sandbox:
       if out.started and out.timed_out:
         share = _OVERLOAD_SHARE * budget
         times = f"on a CPU {out.cpu_s:.2f}s, runnable but waiting for one {out.wait_s:.2f}s"
-        if out.wait_s >= share and out.cpu_s < share:
+        if out.wait_s >= share and out.cpu_s < share and not out.deprioritised:
           return "overloaded", f"the host kept the program waiting: {times} of its {budget:g}s"
         return "timeout", f"no verdict within {budget:g}s of the program starting ({times})"
       if out.timed_out:

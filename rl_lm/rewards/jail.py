@@ -306,6 +306,28 @@ def tree_pids(roots: list[int]) -> list[int]:
   return out
 
 
+def lowered_priority(pids: list[int]) -> bool:
+  """Whether any thread of `pids` runs below normal priority: a nice value above 0, or a scheduling policy
+  other than SCHED_OTHER (SCHED_IDLE, SCHED_BATCH). A program can lower its own priority unprivileged and
+  then wait on a busy host's runqueue by choice: that wait is its own doing, not an overloaded host's."""
+  for pid in pids:
+    try:
+      tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+      continue
+    for tid in tids:
+      try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+          stat = f.read()
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        nice, policy = int(fields[16]), int(fields[38])  # fields 19 and 41 of proc(5)
+      except (OSError, ValueError, IndexError):
+        continue
+      if nice > 0 or policy != 0:
+        return True
+  return False
+
+
 def sched_totals(pids: list[int]) -> tuple[float, float]:
   """(seconds on a CPU, seconds runnable but waiting for one) summed over every thread of `pids`.
 
