@@ -12,7 +12,7 @@ import pytest
 from ml_collections import config_flags
 
 from rl_lm import config as config_lib
-from rl_lm import sweep
+from rl_lm import runs, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,6 +148,25 @@ def test_read_metrics_from_the_run_files(tmp_path):
   assert values["sft:train/loss"] is None  # no sft_metrics.jsonl
   (tmp_path / "sft_metrics.jsonl").write_text('{"step": 10, "train/loss": 1.5}\n{"step": 20, "train/loss": 1.25}\n')
   assert sweep.read_metrics(tmp_path)["sft:train/loss"] == 1.25
+
+
+def test_plot_numeric_text_and_empty(tmp_path):
+  r = sweep.Result
+  numeric = [r("a", {"rl.learning_rate": 1e-4, "seed": 0}, metrics={"m": 0.5}),
+             r("b", {"rl.learning_rate": 1e-3, "seed": 0}, metrics={"m": 0.7}),
+             r("c", {"rl.learning_rate": 1e-4, "seed": 1}, metrics={"m": None})]
+  text = [r("a", {"rl.algorithm": "grpo"}, metrics={"m": 0.5}), r("b", {"rl.algorithm": "ppo"}, metrics={"m": 0.6})]
+  for i, results in enumerate([numeric, text, numeric[2:]]):  # log x and a line per seed; dots by name; nothing
+    assert sweep.plot(results, "m", tmp_path / f"{i}.png").stat().st_size > 0
+
+
+def test_run_main_returns_the_exit_code_and_wall_time_and_logs(tmp_path):
+  code, wall_s = runs.run_main(f"{ROOT / 'configs/default.py'}:smoke", tmp_path / "run",
+                               ["--config.sft.learning_rate=-1.0"])  # main refuses it in seconds
+  assert code == 2 and wall_s > 0
+  lines = (tmp_path / "run" / "log.txt").read_text().splitlines()
+  assert lines[0].startswith(runs.LOG_HEADER) and lines[0].endswith("--config.sft.learning_rate=-1.0")
+  assert "config.sft.learning_rate" in lines[-1]
 
 
 @pytest.mark.slow

@@ -22,28 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "configs/rlhf_ppo.py"
+from rl_lm.runs import ROOT, run_main
+
+CONFIG = str(ROOT / "configs" / "rlhf_ppo.py")
 
 
 def _main(workdir: Path, *overrides: str, variant: str = "") -> None:
-  """Runs `rl_lm.main` on CONFIG[:variant] in a subprocess; its output goes to <workdir>/log.txt."""
-  workdir.mkdir(parents=True, exist_ok=True)
-  spec = f"{CONFIG}:{variant}" if variant else CONFIG
-  cmd = [sys.executable, "-m", "rl_lm.main", f"--config={spec}", f"--workdir={workdir}",
-         "--config.logging.wandb_mode=disabled", *overrides]
-  with open(workdir / "log.txt", "a") as log:
-    code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)).returncode
+  """Runs `rl_lm.main` on CONFIG[:variant] (rl_lm.runs.run_main: its output goes to <workdir>/log.txt); a
+  failure ends the experiment."""
+  code, _ = run_main(f"{CONFIG}:{variant}" if variant else CONFIG, workdir,
+                     ["--config.logging.wandb_mode=disabled", *overrides])
   if code:
-    raise SystemExit(f"overoptimization: {' '.join(cmd)} failed with status {code}; see {workdir}/log.txt")
+    raise SystemExit(f"overoptimization: rl_lm.main failed with status {code}; see {workdir}/log.txt")
 
 
 def best_of_n(base: Path, seed: int, prompts: int, max_n: int, variant: str = "") -> list[dict[str, float]]:
