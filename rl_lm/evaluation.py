@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rl_lm import plots
+
 SampleFn = Callable[[list[str], int], list[list[str]]]
 GreedyFn = Callable[[list[str]], list[str]]
 CorrectFn = Callable[[Any, str], "bool | None"]
@@ -326,8 +328,6 @@ def plot_pass_at_k_curves(curves: Mapping[str, Mapping[int, float]], path: str |
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   fig, ax = plt.subplots(figsize=(5.5, 4.0), dpi=100)
   all_ks: set[int] = set()
   for label, curve in curves.items():
@@ -345,10 +345,7 @@ def plot_pass_at_k_curves(curves: Mapping[str, Mapping[int, float]], path: str |
   ax.grid(True, alpha=0.3)
   if curves:
     ax.legend(loc="lower right")
-  fig.tight_layout()
-  fig.savefig(path, format="png")
-  plt.close(fig)
-  return path
+  return plots.save(fig, path)
 
 
 def write_eval(result: EvalResult, workdir: str | os.PathLike, step: int, label: str = "") -> tuple[Path, Path]:

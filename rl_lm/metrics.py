@@ -37,6 +37,8 @@ from typing import Any, Protocol, TextIO, runtime_checkable
 
 import numpy as np
 
+from rl_lm import plots
+
 Scalar = int | float | bool | str
 
 
@@ -519,12 +521,7 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str
       ax.set_xlabel("step", fontsize=8)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
-  out_png = Path(out_png)
-  out_png.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out_png, format="png")
-  plt.close(fig)
-  return out_png
+  return plots.save(fig, out_png)
 
 
 __all__ = [

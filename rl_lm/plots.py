@@ -1,5 +1,6 @@
 """Plots of results computed elsewhere (data in, PNG out), so that the pure modules under rl_lm/rl/ import no
-matplotlib. matplotlib is imported on first use, with the Agg backend: no display needed.
+matplotlib. matplotlib is imported on first use, with the Agg backend: no display needed. `save` writes
+and closes every figure of the project.
 """
 
 from __future__ import annotations
@@ -8,6 +9,18 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+
+def save(fig: object, path: str | os.PathLike) -> Path:
+  """Lays out `fig`, writes it to `path` as a PNG (creating the folder) and closes it; returns the path."""
+  import matplotlib.pyplot as plt
+
+  out = Path(path)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(out, format="png")
+  plt.close(fig)
+  return out
 
 
 def reliability_plot(bins_dict: dict[str, np.ndarray | float], path: str | os.PathLike, title: str | None = None
@@ -38,9 +51,4 @@ def reliability_plot(bins_dict: dict[str, np.ndarray | float], path: str | os.Pa
   ax_n.set_xlabel("predicted probability")
   ax_n.set_ylabel("count")
   ax_n.set_xlim(0, 1)
-  fig.tight_layout()
-  out = Path(path)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out, format="png")
-  plt.close(fig)
-  return out
+  return save(fig, path)
