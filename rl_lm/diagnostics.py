@@ -24,7 +24,6 @@ human-readable alarm lines ("ALARM policy/entropy=0.012 < 0.05: entropy collapse
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_lm.config import AlarmConfig  # the thresholds, with their defaults and checks
 from rl_lm.rl import advantages, kl, masked
 
 Array = Any  # jax.Array or np.ndarray
@@ -195,33 +195,6 @@ def timed(timings: dict[str, float], name: str, clock: Callable[[], float] = tim
 # ---------------------------------------------------------------------------------------------- alarms
 
 
-@dataclasses.dataclass(frozen=True)
-class AlarmConfig:
-  """Alarm thresholds; None disables that alarm.
-
-  Attributes:
-    entropy_min: policy/entropy below this (nats per token): entropy collapsed.
-    kl_max: policy/kl_ref_k3 above this (nats per token): the policy drifted far from the reference.
-    logprob_gap_max: offpolicy/logprob_gap_mean_abs above this: sampler and trainer disagree.
-    sampler_trainer_kl_max: offpolicy/sampler_trainer_kl above this.
-    zero_variance_max: groups/zero_variance_frac above this: most groups carry no learning signal.
-    invalid_frac_max: rollout/invalid_frac above this: too many verifier errors.
-    truncation_max: rollout/truncation_rate above this: completions keep hitting max_new_tokens.
-    is_weight_max: offpolicy/is_weight_max above this.
-    check_finite: any NaN or inf metric raises an alarm.
-  """
-
-  entropy_min: float | None = 0.05
-  kl_max: float | None = 0.5
-  logprob_gap_max: float | None = 0.05
-  sampler_trainer_kl_max: float | None = None
-  zero_variance_max: float | None = 0.8
-  invalid_frac_max: float | None = 0.1
-  truncation_max: float | None = None
-  is_weight_max: float | None = None
-  check_finite: bool = True
-
-
 # (metric key, AlarmConfig field, "<" alarms when value < threshold / ">" when value > threshold, meaning)
 _RULES = (
   ("policy/entropy", "entropy_min", "<", "entropy collapsed"),
@@ -252,7 +225,8 @@ def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> 
   """Human-readable alarm lines for the metrics that crossed their thresholds (empty when healthy).
 
   Each names the metric, its value and the threshold: "ALARM policy/entropy=0.012 < 0.05: entropy collapsed".
-  Missing metrics are skipped; a non-finite value gives "ALARM <key>=nan: non-finite value" instead.
+  Missing metrics are skipped; a non-finite value gives "ALARM <key>=nan: non-finite value" instead. A threshold
+  turns its alarm off at 0 (a minimum), 1 (a maximum fraction) or inf (another maximum).
   """
   cfg = cfg or AlarmConfig()
   alarms = []
@@ -262,11 +236,8 @@ def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> 
       if v is not None and not math.isfinite(v):
         alarms.append(f"ALARM {key}={v}: non-finite value")
   for key, field, op, meaning in _RULES:
-    threshold = getattr(cfg, field)
-    if threshold is None or key not in metrics:
-      continue
-    v = _scalar(metrics[key])
-    if v is None or not math.isfinite(v):
+    v, threshold = _scalar(metrics.get(key)), getattr(cfg, field)
+    if v is None or not math.isfinite(v):  # missing, or reported above
       continue
     if (op == "<" and v < threshold) or (op == ">" and v > threshold):
       alarms.append(f"ALARM {key}={v:.4g} {op} {threshold:g}: {meaning}")

@@ -29,33 +29,18 @@ import jax
 import jax.numpy as jnp
 
 from rl_lm import mesh as mesh_lib
+from rl_lm.config import Sampling
 from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import losses
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-  """How to draw completions. `max_new_tokens` is N, the completion buffer's width."""
+class SamplingConfig(Sampling):
+  """How to draw completions: the `config.sampling` knobs (defaults and checks there), and the tokenizer's tokens."""
 
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_k: int = 0  # 0: off
-  top_p: float = 1.0  # 1.0: off
-  greedy: bool = False
   stop_tokens: tuple[int, ...] = ()  # default stop set for every row
   pad_id: int = 0
-  cache_dtype: str | None = None  # None: the model's compute dtype
-
-  def __post_init__(self):
-    if self.max_new_tokens <= 0:
-      raise ValueError(f"SamplingConfig.max_new_tokens must be positive, got {self.max_new_tokens}")
-    if not self.greedy and self.temperature <= 0:
-      raise ValueError(f"SamplingConfig.temperature must be positive (or greedy=True), got {self.temperature}")
-    if self.top_k < 0:
-      raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
 
 
 class Rollout(NamedTuple):
@@ -245,11 +230,7 @@ def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, t
 
 def config_from(sampling: Any, eos_id: int, pad_id: int) -> SamplingConfig:
   """`config.sampling` -> SamplingConfig, stopping on the tokenizer's eos."""
-  return SamplingConfig(
-    max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-    top_p=sampling.top_p, greedy=sampling.greedy, stop_tokens=(eos_id,), pad_id=pad_id,
-    cache_dtype=sampling.cache_dtype or None,
-  )
+  return SamplingConfig.from_section(sampling, stop_tokens=(eos_id,), pad_id=pad_id)
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 1) -> tuple[jax.Array, jax.Array]:

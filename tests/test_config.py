@@ -167,3 +167,15 @@ def test_validate_names_the_key_in_process():
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(config, num_devices=1)
   assert e.value.key == "config.sampling.top_k"
+
+
+def test_sections_make_the_base_config_and_build_back_from_it():
+  """base_config() is made of the section dataclasses' defaults; each section builds back from it by field name."""
+  config = config_lib.base_config()
+  assert config_lib.SECTIONS[0].from_section(config) == config_lib.SECTIONS[0]()
+  for cls in config_lib.SECTIONS[1:]:
+    assert cls.from_section(config[cls.KEY]) == cls(), cls.KEY
+  assert config_lib.CurriculumConfig.from_section(config.rl.curriculum).initial_levels == 3
+  with pytest.raises(config_lib.ConfigError) as e:  # a section checks itself, naming the full key
+    config_lib.CurriculumConfig(decay=0.0)
+  assert e.value.key == "config.rl.curriculum.decay"

@@ -196,16 +196,16 @@ def test_alarms_fire_with_names_values_and_thresholds():
     "rollout/invalid_frac": 0.5,
     "rollout/reward_mean": 0.3,
   }
-  alarms = check_alarms(metrics, AlarmConfig())
+  alarms = check_alarms(metrics, AlarmConfig(entropy_min=0.05, kl_max=0.5, logprob_gap_max=0.05))
   assert "ALARM policy/entropy=0.012 < 0.05: entropy collapsed" in alarms
   assert "ALARM policy/kl_ref_k3=0.9 > 0.5: policy drifted far from the reference" in alarms
   assert any(a.startswith("ALARM offpolicy/logprob_gap_mean_abs=0.2 > 0.05") for a in alarms)
   assert any(a.startswith("ALARM groups/zero_variance_frac=0.95 > 0.8") for a in alarms)
   assert any(a.startswith("ALARM rollout/invalid_frac=0.5 > 0.1") and "verifier errors" in a for a in alarms)
   assert len(alarms) == 5
-  # Thresholds are configurable and None disables an alarm.
-  assert check_alarms(metrics, AlarmConfig(entropy_min=None, kl_max=None, logprob_gap_max=None,
-                                           zero_variance_max=None, invalid_frac_max=None)) == []
+  # Thresholds are configurable; 0 (a minimum), 1 (a maximum fraction) or inf (another maximum) disables an alarm.
+  assert check_alarms(metrics, AlarmConfig(entropy_min=0.0, kl_max=math.inf, logprob_gap_max=math.inf,
+                                           zero_variance_max=1.0, invalid_frac_max=1.0)) == []
   assert check_alarms({"rollout/truncation_rate": 0.7}, AlarmConfig(truncation_max=0.5)) == [
     "ALARM rollout/truncation_rate=0.7 > 0.5: completions keep hitting max_new_tokens"]
 

@@ -126,33 +126,41 @@ def make_ctx(config: ml_collections.ConfigDict, shape: tuple[int, int, int], wor
 class Recorded:
   """What one `train_step` saw: the episodes (after dynamic sampling), the update's inputs, the metrics."""
 
-  batch: Any
-  data: dict[str, np.ndarray]
+  batch: Any  # rl.Episodes
+  data: dict[str, np.ndarray]  # the TrainBatch on the host
   metrics: dict[str, float]
   params: Any  # policy parameters after the step, on the host
   value_params: Any
 
 
-def record(trainer: RLTrainer, step: int = 1, before_update: Callable[[dict], None] | None = None) -> Recorded:
-  """Runs `trainer.train_step(step)`, keeping the batch and the update inputs it built."""
+def host(tree: Any) -> Any:
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def record(trainer: RLTrainer, step: int = 1, before_update: Callable[[rl_update.TrainBatch], None] | None = None
+           ) -> Recorded:
+  """Runs `trainer.train_step(step)`, keeping the episodes and the update inputs it built."""
   seen: dict[str, Any] = {}
-  collect, update = trainer.collect, trainer._update
+  collect, update_fn = trainer.collect, trainer.update_fn
 
-  def collect_spy(s):
-    seen["batch"], stats = collect(s)
-    return seen["batch"], stats
+  def collect_spy(s, timings):
+    out = collect(s, timings)
+    seen["batch"] = out[0]
+    return out
 
-  def update_spy(data, s):
-    seen["data"] = data
+  def update_spy(state, batch, key):
+    trainer.update_fn = update_fn  # before_update may run updates of its own
+    seen["data"] = {k: v for k, v in host(batch._asdict()).items() if v is not None}
     if before_update is not None:
-      before_update(data)
-    return update(data, s)
+      before_update(batch)
+    return update_fn(state, batch, key)
 
-  trainer.collect, trainer._update = collect_spy, update_spy
+  trainer.collect, trainer.update_fn = collect_spy, update_spy
   try:
     metrics = trainer.train_step(step)
   finally:
-    del trainer.collect, trainer._update  # back to the class's methods
+    del trainer.collect  # back to the class's method
+    trainer.update_fn = update_fn
   value = trainer.state.value.params if trainer.state.value is not None else None
   return Recorded(seen["batch"], seen["data"], metrics, jax.device_get(trainer.state.policy.params),
                   jax.device_get(value))
@@ -227,14 +235,10 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
 # b. Sampler / trainer gap and truncated importance sampling
 
 
-def _pg_loss(trainer: RLTrainer, data: dict[str, np.ndarray]) -> float:
-  """policy/pg_loss of one update on `data` from a copy of the trainer's current state (one minibatch)."""
-  mb = {k: v[None] for k, v in data.items()}  # [A=1, B, T]
-  weight = rl_update.micro_weights(mb["mask"], trainer.rl.loss_mode)
-  mb = {k: jax.device_put(v, trainer._micro_sharding(v.shape)) for k, v in mb.items()}
-  mb["weight"] = jnp.asarray(weight)
+def _pg_loss(trainer: RLTrainer, batch: rl_update.TrainBatch, **fields: Any) -> float:
+  """policy/pg_loss of one update on `batch` (fields replaced) from a copy of the trainer's current state."""
   state = jax.tree.map(jnp.copy, trainer.state)  # update_fn donates its state
-  _, metrics = trainer.update_fn(state, mb, jax.random.key(0))
+  _, metrics = trainer.update_fn(state, batch._replace(**fields), jax.random.key(0))
   return float(metrics["policy/pg_loss"])
 
 
@@ -245,14 +249,14 @@ def test_bf16_sampler_gap_is_measured_and_corrected(tmp_path):
   trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda _: None)
   losses: dict[str, float] = {}
 
-  def before_update(data):
+  def before_update(batch):
     # The state has not moved yet, so the ratio is 1 and the clipped surrogate is -token-mean(A * w).
-    losses["w"] = _pg_loss(trainer, data)
-    losses["2w"] = _pg_loss(trainer, dict(data, is_weights=2 * data["is_weights"]))
-    losses["ones"] = _pg_loss(trainer, dict(data, is_weights=np.ones_like(data["is_weights"])))
+    losses["w"] = _pg_loss(trainer, batch)
+    losses["2w"] = _pg_loss(trainer, batch, is_weights=2 * batch.is_weights)
+    losses["ones"] = _pg_loss(trainer, batch, is_weights=jnp.ones_like(batch.is_weights))
 
   rec = record(trainer, before_update=before_update)
-  m, data, rollout = rec.metrics, rec.data, rec.batch.rollout
+  m, data, rollout = rec.metrics, rec.data, host(rec.batch.rollout._asdict())
   comp = rollout["completion_mask"]
 
   assert m["offpolicy/logprob_gap_mean_abs"] > 1e-4
@@ -330,7 +334,8 @@ def test_dynamic_sampling_refills_to_exactly_prompts_per_step(tmp_path):
   P, G = config.rl.prompts_per_step, config.rl.group_size
 
   assert m["dynamic/extra_rollouts"] > 0
-  assert len(batch.problems) == P * G and batch.rollout["tokens"].shape[0] == P * G
+  assert len(batch.problems) == P * G and batch.rollout.tokens.shape[0] == P * G
+  np.testing.assert_array_equal(host(batch.rollout.tokens), batch.host["tokens"])  # device and host rows agree
   assert rec.data["tokens"].shape[0] == P * G
   for g in range(P):  # rows of a group stay adjacent and share their prompt
     assert len({p.id for p in batch.problems[g * G: (g + 1) * G]}) == 1

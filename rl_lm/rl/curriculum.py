@@ -14,25 +14,13 @@ the checkpoint: `state_dict()` / `load_state_dict()`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from rl_lm.config import CurriculumConfig  # the knobs, with their defaults and checks
 from rl_lm.tasks.base import Problem
-
-
-@dataclasses.dataclass(frozen=True)
-class CurriculumConfig:
-  enabled: bool = True  # False: uniform draws over the open pool, nothing retired or promoted
-  decay: float = 0.9  # per-update decay of a prompt's Beta counts
-  floor: float = 0.02  # added to every weight, so unseen or extreme prompts still appear
-  retire_above: float = 0.95  # pass-rate estimate above which a prompt is retired
-  min_attempts: int = 16  # samples of a prompt before it can be retired
-  initial_levels: int = 1  # levels open at the start (the easiest ones)
-  promote_above: float = 0.6  # mean estimate over the highest open level that opens the next one
-  promote_min_seen: float = 0.5  # fraction of the highest open level's prompts seen before promoting
 
 
 class Curriculum:

@@ -14,8 +14,6 @@ policy's samples.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import jax
@@ -32,7 +30,7 @@ from rl_lm.train import loop, stage_run
 from rl_lm.train import pairs as pairs_lib
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
-from rl_lm.train.rollout import Sampler
+from rl_lm.train.rollout import Sampler, in_batches
 
 
 def _stacked(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -70,17 +68,10 @@ def dpo_loss_fn(model_cfg: Any, cfg: Any):
 def reference_logprobs(ctx: Context, params: Any, data: dict[str, np.ndarray], batch_size: int
                        ) -> dict[str, np.ndarray]:
   """ref_chosen_logp / ref_rejected_logp [n] for every pair, in fixed-shape batches."""
-  fn = jax.jit(lambda p, b: pair_logprobs(ctx.model_cfg, p, b))
-  n = len(data["chosen_tokens"])
-  chosen, rejected = [], []
-  for start in range(0, n, batch_size):
-    rows = np.arange(start, start + batch_size) % n
-    batch = {k: mesh_lib.put(v, mesh_lib.batch_sharding(ctx.mesh, ctx.rules, v.shape))
-             for k, v in pairs_lib.take(data, rows).items()}
-    c, r = np.split(mesh_lib.fetch(fn(params, batch)), 2)
-    chosen.append(c)
-    rejected.append(r)
-  return {"ref_chosen_logp": np.concatenate(chosen)[:n], "ref_rejected_logp": np.concatenate(rejected)[:n]}
+  fn = jax.jit(lambda p, b: preference.split_pairs(pair_logprobs(ctx.model_cfg, p, b)))
+  pairs = {k: v for k, v in data.items() if k != "truncated"}
+  chosen, rejected = in_batches(lambda _, b: fn(params, b), pairs, batch_size, ctx.mesh, ctx.rules)
+  return {"ref_chosen_logp": chosen, "ref_rejected_logp": rejected}
 
 
 def gold_win_rate(ctx: Context, policy: Any, reference: Any, task: SyntheticPreferences, n: int
@@ -122,28 +113,17 @@ def sampled_kl(ctx: Context, policy: Any, reference: Any, out: dict[str, np.ndar
 def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
   """Runs the stage (resuming, or loading when complete) and leaves the trained policy in `ctx.policy`."""
   cfg, config = ctx.config.dpo, ctx.config
-  log = log if stage_run.is_main_process() else (lambda *_: None)
   optimizer = state_lib.make_optimizer(cfg.learning_rate, weight_decay=cfg.weight_decay,
                                        warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
   params_abstract = jax.eval_shape(lambda: ctx.policy)
-  target = stage_run.abstract(params_abstract, ctx.param_shardings)
   state_sh = state_lib.state_shardings(optimizer, params_abstract, ctx.param_shardings, ctx.mesh)
-  run = stage_run.StageRun(config, ctx.workdir, "dpo", cfg.steps, "dpo_metrics.jsonl", log=log)
-  try:
+  targets = stage_run.state_targets(optimizer, params_abstract, state_sh)
+  create = lambda p: state_lib.create(p, optimizer, ctx.mesh, ctx.param_shardings)
+  with stage_run.StageRun(config, ctx.workdir, "dpo", cfg.steps, "dpo_metrics.jsonl", log=log) as run:
+    state, ctx.policy, _ = run.start(ctx, targets, create, cfg.init_from)
     if run.complete:
-      ctx.policy = run.restore({"params": target})[0]["params"]
-      log(f"dpo: complete in {run.directory}; its policy is loaded")
       return {}
-    if cfg.init_from:
-      ctx.policy = stage_run.load_params(cfg.init_from, target)
-    reference = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ctx.param_shardings)(ctx.policy)
-    if run.start_step:
-      state = stage_run.state_from_items(run.restore(stage_run.state_targets(optimizer, params_abstract,
-                                                                             state_sh))[0])
-      log(f"dpo: resuming from step {run.start_step} of {cfg.steps}")
-    else:
-      run.fresh_metrics()
-      state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
+    reference = stage_run.frozen_copy(ctx.policy)
     train_pairs, _ = pairs_lib.load(config, task)
     data = pairs_lib.encode(ctx.tokenizer, train_pairs, config.preferences.max_len)
     data.pop("truncated")
@@ -156,16 +136,11 @@ def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
       console=(("dpo/accuracy", "accuracy"), ("dpo/reward_margin", "margin"), ("dpo/logratio_chosen", "logratio")),
       curves=("train/loss", "dpo/accuracy", "dpo/reward_margin", "dpo/logratio_chosen", "dpo/reward_chosen",
               "dpo/reward_rejected"))
-    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 10), log)
+    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 10), run.log)
     summary: dict[str, Any] = {"train_last": last}
     if isinstance(task, SyntheticPreferences) and cfg.eval_prompts:
       summary["eval"] = gold_win_rate(ctx, state.params, reference, task, cfg.eval_prompts)
-      log("dpo: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in summary["eval"].items()))
-    if stage_run.is_main_process():
-      with open(os.path.join(ctx.workdir, "dpo_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    run.finish()
-  finally:
-    run.close()
+      run.log("dpo: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in summary["eval"].items()))
+    run.finish(summary)
   ctx.policy = state.params
   return summary

@@ -14,7 +14,6 @@ The reward model is left in `ctx.reward_model` for an RL stage (`config.reward.l
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -30,7 +29,7 @@ from rl_lm.train import loop, stage_run
 from rl_lm.train import pairs as pairs_lib
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
-from rl_lm.train.rollout import Sampler
+from rl_lm.train.rollout import Sampler, in_batches
 
 
 @dataclasses.dataclass
@@ -70,19 +69,16 @@ def pair_loss(model_cfg: Any):
 
 def score(ctx: Context, params: Any, tokens: np.ndarray, mask: np.ndarray, batch_size: int) -> np.ndarray:
   """Reward of each row, in fixed-shape batches (the last one padded with repeated rows). [n, T] -> [n]"""
-  fn = _score_fn(ctx.model_cfg)
-  n, out = len(tokens), []
-  for start in range(0, n, batch_size):
-    rows = np.arange(start, start + batch_size) % n
-    sh = mesh_lib.batch_sharding(ctx.mesh, ctx.rules, tokens[rows].shape)
-    out.append(mesh_lib.fetch(fn(params, mesh_lib.put(tokens[rows], sh), mesh_lib.put(mask[rows], sh))))
-  return np.concatenate(out)[:n]
+  fn = score_fn(ctx.model_cfg)
+  return in_batches(lambda _, b: fn(params, b["tokens"], b["mask"]), {"tokens": tokens, "mask": mask}, batch_size,
+                    ctx.mesh, ctx.rules)
 
 
 _SCORE_FNS: dict[Any, Any] = {}
 
 
-def _score_fn(model_cfg: Any) -> Any:
+def score_fn(model_cfg: Any) -> Any:
+  """jit(params, tokens [B, T], mask [B, T]) -> the reward of each row [B] (one compile per model shape)."""
   if model_cfg not in _SCORE_FNS:
     _SCORE_FNS[model_cfg] = jax.jit(lambda p, t, m: heads.last_token_score(model_cfg, p, t, m))
   return _SCORE_FNS[model_cfg]
@@ -127,35 +123,24 @@ def reference_offset(ctx: Context, params: Any, task: Any, n: int) -> float:
 def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
   """Trains (or resumes, or loads when complete) the reward model; leaves it in `ctx.reward_model`."""
   cfg, config = ctx.config.reward_model, ctx.config
-  log = log if stage_run.is_main_process() else (lambda *_: None)
   abstract, param_sh = shardings(ctx)
   optimizer = state_lib.make_optimizer(cfg.learning_rate, weight_decay=cfg.weight_decay,
                                        warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
   state_sh = state_lib.state_shardings(optimizer, abstract, param_sh, ctx.mesh)
-  run = stage_run.StageRun(config, ctx.workdir, "reward_model", cfg.steps, "reward_model_metrics.jsonl", log=log)
-  try:
+  targets = stage_run.state_targets(optimizer, abstract, state_sh)
+  init = jax.jit(lambda b: heads.init(ctx.model_cfg, jax.random.key(0), backbone=b), out_shardings=param_sh)
+  create = lambda backbone: state_lib.create(init(backbone), optimizer, ctx.mesh, param_sh)
+  with stage_run.StageRun(config, ctx.workdir, "reward_model", cfg.steps, "reward_model_metrics.jsonl",
+                          log=log) as run:
+    state, params, extra = run.start(ctx, targets, create, cfg.init_from)
     if run.complete:
-      items, extra = run.restore({"params": stage_run.abstract(abstract, param_sh)})
-      ctx.reward_model = RewardModel(items["params"], float(extra.get("reward_offset", 0.0)))
-      log(f"reward_model: complete in {run.directory}; loaded (offset {ctx.reward_model.offset:+.4f})")
+      ctx.reward_model = RewardModel(params, float(extra.get("reward_offset", 0.0)))
       return ctx.reward_model
-    backbone = ctx.policy
-    if cfg.init_from:
-      backbone = stage_run.load_params(cfg.init_from, stage_run.abstract(jax.eval_shape(lambda: ctx.policy),
-                                                                         ctx.param_shardings))
-    if run.start_step:
-      items, _ = run.restore(stage_run.state_targets(optimizer, abstract, state_sh))
-      state = stage_run.state_from_items(items)
-      log(f"reward_model: resuming from step {run.start_step} of {cfg.steps}")
-    else:
-      run.fresh_metrics()
-      init = jax.jit(lambda b: heads.init(ctx.model_cfg, jax.random.key(0), backbone=b), out_shardings=param_sh)
-      state = state_lib.create(init(backbone), optimizer, ctx.mesh, param_sh)
     train_pairs, eval_pairs = pairs_lib.load(config, task)
     max_len = config.preferences.max_len
     train_data, eval_data = pairs_lib.encode(ctx.tokenizer, train_pairs, max_len), pairs_lib.encode(
       ctx.tokenizer, eval_pairs, max_len)
-    log(f"reward_model: {len(train_pairs)} training pairs, {len(eval_pairs)} held out; "
+    run.log(f"reward_model: {len(train_pairs)} training pairs, {len(eval_pairs)} held out; "
         f"{int(train_data['truncated'])} sides cut at max_len={max_len}")
     update = state_lib.make_update_fn(pair_loss(ctx.model_cfg), optimizer, state_sh, ctx.mesh, ctx.rules)
     if not run.start_step:
@@ -166,22 +151,16 @@ def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
       lambda step: pairs_lib.take(train_data, pairs_lib.step_indices(n, cfg.batch_size, step, config.seed)),
       console=(("rm/accuracy", "accuracy"), ("rm/margin_mean", "margin")),
       curves=("train/loss", "rm/accuracy", "rm/margin_mean", "train/grad_norm"), save_last=False)
-    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 8), log)
+    state, last = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 8), run.log)
     after = evaluate(ctx, state.params, eval_pairs, eval_data, cfg.batch_size, "after")
-    offset = (reference_offset(ctx, state.params, task, cfg.normalize_samples)
-              if cfg.normalize_samples else 0.0)
+    offset = reference_offset(ctx, state.params, task, cfg.normalize_samples) if cfg.normalize_samples else 0.0
     summary = {"after": after, "reward_offset": offset, "train_last": last}
     if not run.start_step:
       summary["before"] = before
-    log("reward_model: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in after.items())
-        + f" | offset {offset:+.4f}")
+    run.log("reward_model: held-out " + " | ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in after.items())
+            + f" | offset {offset:+.4f}")
     if run.start_step < cfg.steps:  # else that checkpoint exists: the run stopped before marking the stage done
       run.save(cfg.steps, stage_run.state_items(state), {"reward_offset": offset})
-    if stage_run.is_main_process():
-      with open(os.path.join(ctx.workdir, "reward_model_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    run.finish()
-  finally:
-    run.close()
+    run.finish(summary)
   ctx.reward_model = RewardModel(state.params, offset)
   return ctx.reward_model

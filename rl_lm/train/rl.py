@@ -1,12 +1,13 @@
 """The RL loop: one loop for PPO and the GRPO family, the algorithm chosen by `config.rl.algorithm`.
 
-  prompts  = curriculum.next_batch()                       Python: problems with ids
-  rollout  = sampler(policy, prompts x G)                  jit: tokens, masks, sampler log-probs
-  rewards  = reward.batch(problems, completions)           Python; verifier errors are masked, not scored 0
-  batch    = prepare(policy, reference, value, rollout)    jit: old log-probs, reference log-probs, values
-  batch   += advantages(rewards, batch)                    group-relative | leave-one-out | GAE | REINFORCE++
-  for epoch, minibatch: state = update_fn(state, mb, rng)  jit once, the state donated
-  curriculum.update(...); kl controller; diagnostics and alarms; evaluation every N steps
+  prompts  = curriculum.next_batch()                    host: problems with ids
+  rollout  = sampler.rollout(policy, prompts x G)         jit; stays on device, tokens come to the host once
+  rewards  = reward.batch(problems, completions)          host (verifiers read text); errors masked, not scored 0
+  batch    = prepare(policy, reference, value, rollout,   jit: old / reference log-probs, values, advantages
+                     rewards)                             (group-relative | leave-one-out | GAE | REINFORCE++),
+                                                          KL penalty, IS weights, rollout diagnostics
+  state    = update(state, batch)                         jit: epochs x minibatches as lax.scan, KL controller
+  curriculum.update(...); alarms; evaluation every N steps; checkpoints
 
 The sampler runs the policy's own parameters (cast to `rl.sampler_dtype` when set). Its log-probs
 and the trainer's for the same tokens are both kept: the gap is logged every step and corrected by
@@ -16,9 +17,7 @@ truncated importance sampling (`rl.tis_cap`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +32,6 @@ from rl_lm.models import heads
 from rl_lm.rewards import build_reward
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import kl as kl_lib
-from rl_lm.rl import losses, masked
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
@@ -79,31 +77,31 @@ def overlong_penalty(lengths: np.ndarray, finished: np.ndarray, budget: int, buf
 
 
 @dataclasses.dataclass
-class Batch:
-  """One step's episodes on the host, rows of a group adjacent."""
+class Episodes:
+  """One rollout's episodes, rows of a group adjacent: the token arrays stay on the device where the sampler
+  wrote them; the host holds what it decoded and scored."""
 
   problems: list[Problem]  # one per row
-  rollout: dict[str, np.ndarray]  # tokens, prompt_mask, completion_mask, logprobs, lengths, finished, texts
-  scores: np.ndarray  # [B] float32
+  rollout: sampling.Rollout  # on device: tokens, masks, sampler log-probs [B, T]; lengths, finished [B]
+  host: dict[str, np.ndarray]  # host copies of tokens [B, T], lengths and finished [B]
+  texts: list[str]
+  scores: np.ndarray  # [B] float32: what trains
   valid: np.ndarray  # [B] bool: the verifier decided
   success: np.ndarray  # [B] bool
   statuses: list[str]
-
-  def take_groups(self, groups: Sequence[int], G: int) -> Batch:
-    rows = np.concatenate([np.arange(g * G, (g + 1) * G) for g in groups]) if groups else np.zeros(0, int)
-    return Batch([self.problems[i] for i in rows],
-                 {k: (v[rows] if isinstance(v, np.ndarray) else [v[i] for i in rows]) for k, v in self.rollout.items()},
-                 self.scores[rows], self.valid[rows], self.success[rows], [self.statuses[i] for i in rows])
+  gold: np.ndarray | None = None  # [B] the configured rewards beside a learned one (NaN where invalid)
 
   @staticmethod
-  def concat(parts: Sequence[Batch]) -> Batch:
-    r0 = parts[0].rollout
-    return Batch(
-      [p for b in parts for p in b.problems],
-      {k: (np.concatenate([b.rollout[k] for b in parts]) if isinstance(r0[k], np.ndarray)
-           else [x for b in parts for x in b.rollout[k]]) for k in r0},
-      np.concatenate([b.scores for b in parts]), np.concatenate([b.valid for b in parts]),
-      np.concatenate([b.success for b in parts]), [s for b in parts for s in b.statuses])
+  def select(parts: Sequence[Episodes], rows: np.ndarray, take: Any) -> Episodes:
+    """Rows `rows` of the parts laid end to end; `take(rollout, rows)` gathers the device arrays."""
+    array = lambda xs: np.concatenate(list(xs))[rows]
+    items = lambda name: [x for p in parts for x in getattr(p, name)]
+    return Episodes(
+      [items("problems")[i] for i in rows],
+      take(jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p.rollout for p in parts]), rows),
+      {k: array(p.host[k] for p in parts) for k in parts[0].host}, [items("texts")[i] for i in rows],
+      array(p.scores for p in parts), array(p.valid for p in parts), array(p.success for p in parts),
+      [items("statuses")[i] for i in rows], array(p.gold for p in parts) if parts[0].gold is not None else None)
 
 
 # The run-health curves drawn at the end of a run (curves.png in the workdir).
@@ -117,7 +115,7 @@ class RLTrainer:
 
   def __init__(self, ctx: Context, log: Any = print):
     self.ctx, self.config, self.rl = ctx, ctx.config, ctx.config.rl
-    self.log = log if stage_run.is_main_process() else (lambda *_: None)  # one process speaks
+    self.log = stage_run.speaker(log)  # one process speaks
     rl, config = self.rl, self.config
     self.G = rl.group_size
     self.B = rl.prompts_per_step * rl.group_size
@@ -137,17 +135,9 @@ class RLTrainer:
     self.greedy_sampler = Sampler(ctx.model_cfg, dataclasses.replace(scfg, greedy=True), tok, ctx.mesh, ctx.rules,
                                   rl.max_prompt_len, config.eval.rows, dtype=rl.sampler_dtype or None)
     pool = self._fitting(training_pool(self.task, config.task.pool_size, config.seed), "training")
-    cur = rl.curriculum
-    self.curriculum = Curriculum(
-      pool,
-      CurriculumConfig(enabled=cur.enabled, decay=cur.decay, floor=cur.floor, retire_above=cur.retire_above,
-                       min_attempts=cur.min_attempts, initial_levels=cur.initial_levels,
-                       promote_above=cur.promote_above, promote_min_seen=cur.promote_min_seen),
-      seed=config.seed)
+    self.curriculum = Curriculum(pool, CurriculumConfig.from_section(rl.curriculum), seed=config.seed)
     self.test_problems = self._fitting(self.task.test_problems(config.task.eval_size, seed=config.seed), "held-out")
-    self.alarm_cfg = diagnostics.AlarmConfig(
-      entropy_min=rl.alarms.entropy_min, kl_max=rl.alarms.kl_max, logprob_gap_max=rl.alarms.logprob_gap_max,
-      zero_variance_max=rl.alarms.zero_variance_max)
+    self.alarm_cfg = diagnostics.AlarmConfig.from_section(rl.alarms)
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
     self.learned = None  # a reward_model.RewardModel when config.reward.learned
     if config.reward.learned:
@@ -178,11 +168,10 @@ class RLTrainer:
     self.policy_opt = state_lib.make_optimizer(rl.learning_rate, weight_decay=rl.weight_decay,
                                                warmup_steps=rl.warmup_steps, grad_clip=rl.grad_clip)
     self.value_opt = state_lib.make_optimizer(rl.value.learning_rate, grad_clip=rl.grad_clip) if is_ppo else None
-    copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ctx.param_shardings)
-    self.reference = copy(ctx.policy)  # frozen; never donated
+    self.reference = stage_run.frozen_copy(ctx.policy)  # never donated
     policy_sh = state_lib.state_shardings(self.policy_opt, jax.eval_shape(lambda: ctx.policy), ctx.param_shardings,
                                           ctx.mesh)
-    policy_state = state_lib.create(copy(ctx.policy), self.policy_opt, ctx.mesh, ctx.param_shardings)
+    policy_state = state_lib.create(stage_run.frozen_copy(ctx.policy), self.policy_opt, ctx.mesh, ctx.param_shardings)
     value_state, value_sh = None, None
     if is_ppo:
       axes = heads.param_axes(ctx.model_cfg)
@@ -192,181 +181,116 @@ class RLTrainer:
       value_params = jax.jit(init, out_shardings=v_shardings)(jax.random.fold_in(ctx.key, 2))
       value_sh = state_lib.state_shardings(self.value_opt, abstract, v_shardings, ctx.mesh)
       value_state = state_lib.create(value_params, self.value_opt, ctx.mesh, v_shardings)
-    rep = self._replicated = mesh_lib.replicated(ctx.mesh)
+    rep = mesh_lib.replicated(ctx.mesh)
     kl_state = mesh_lib.put(kl_lib.init_kl_state(rl.kl.coef), rep)  # placed as update_fn returns it: one compile
     self.state = rl_update.RLState(policy_state, value_state, kl_state)
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
     self._shardings = shardings
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules)
-    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, self.temperature, ctx.mesh, ctx.rules, is_ppo)
-
-  # --- rollouts ----------------------------------------------------------------------------------
-
-  def _rollout(self, problems: list[Problem], rng: jax.Array) -> Batch:
-    rows = [p for p in problems for _ in range(self.G)]
-    t0 = time.perf_counter()
-    out = self.sampler.sample(self.state.policy.params, [p.prompt for p in rows], rng)
-    t1 = time.perf_counter()
-    results = self.reward.batch(rows, out["texts"])
-    scores = np.asarray([r.score for r in results], np.float32)
-    valid = np.asarray([r.valid for r in results], bool)
-    success = valid & (scores >= self.config.reward.success_threshold)
-    if self.learned is not None:  # train on the proxy; the configured rewards are the gold, measured beside it
-      out["gold"] = np.where(valid, scores, np.nan).astype(np.float32)
-      attn = out["prompt_mask"] | out["completion_mask"]
-      scores = reward_model.score(self.ctx, self.learned.params, out["tokens"], attn, self.B) - self.learned.offset
-      scores, valid = scores.astype(np.float32), np.ones_like(valid)
-    self._timings["sampling"] += t1 - t0
-    self._timings["scoring"] += time.perf_counter() - t1
-    if self.rl.overlong == "penalty":
-      scores = scores + overlong_penalty(out["lengths"], out["finished"], self.N, self.rl.overlong_buffer,
-                                         self.rl.overlong_penalty)
-    return Batch(rows, out, scores, valid, success, [r.status for r in results])
-
-  def _train_valid(self, batch: Batch) -> np.ndarray:
-    """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
-    finished = batch.rollout["finished"] if self.rl.overlong == "mask" else True
-    return batch.valid & finished
-
-  def _zero_variance(self, batch: Batch) -> np.ndarray:
-    """Groups whose training rows all scored the same (no signal). [groups]"""
-    return np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.scores), self.G,
-                                                  jnp.asarray(self._train_valid(batch))))
-
-  def collect(self, step: int) -> tuple[Batch, dict[str, float]]:
-    """One step's episodes; with dynamic sampling, zero-variance groups are replaced by fresh ones."""
-    P, G = self.rl.prompts_per_step, self.G
-    key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
-    batch = self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, 0))
-    zero_var = self._zero_variance(batch)
-    # The fraction in the first draw: what a run without dynamic sampling would have trained on.
-    stats = {"groups/zero_variance_frac": float(zero_var.mean()), "dynamic/extra_rollouts": 0.0}
-    self._seen = [batch]
-    if not self.rl.dynamic_sampling:
-      return batch, stats
-    kept = [batch.take_groups([g for g in range(P) if not zero_var[g]], G)]
-    dropped = [batch.take_groups([g for g in range(P) if zero_var[g]], G)]
-    n_kept = int((~zero_var).sum())
-    for extra in range(self.rl.max_extra_rollouts):
-      if n_kept >= P:
-        break
-      more = self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, extra + 1))
-      self._seen.append(more)
-      zv = self._zero_variance(more)
-      kept.append(more.take_groups([g for g in range(P) if not zv[g]], G))
-      dropped.append(more.take_groups([g for g in range(P) if zv[g]], G))
-      n_kept += int((~zv).sum())
-      stats["dynamic/extra_rollouts"] = float(extra + 1)
-    # Fill to exactly P groups (fixed shapes): signal first, zero-variance groups only if short.
-    merged = Batch.concat([b for b in kept + dropped if b.problems])
-    batch = merged.take_groups(list(range(P)), G)
-    stats["dynamic/kept_signal_frac"] = float(min(n_kept, P) / P)
-    return batch, stats
+    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules)
+    batch_sh = mesh_lib.batch_sharding(ctx.mesh, ctx.rules, (self.B,))  # dim 0 of every [B, ...] array
+    self._take = jax.jit(lambda tree, rows: jax.tree.map(lambda x: x[rows], tree), out_shardings=batch_sh)
 
   # --- one step ----------------------------------------------------------------------------------
 
-  def _device(self, x: np.ndarray) -> jax.Array:
-    return mesh_lib.put(x, mesh_lib.batch_sharding(self.ctx.mesh, self.ctx.rules, x.shape))
-
   def train_step(self, step: int) -> dict[str, float]:
-    timings = self._timings = {"sampling": 0.0, "scoring": 0.0}
-    batch, stats = self.collect(step)
-    r = batch.rollout
-    tokens, comp = r["tokens"], r["completion_mask"]
-    attn = r["prompt_mask"] | comp
-    t1 = time.perf_counter()
-    value_params = self.state.value.params if self.state.value is not None else None
-    prepared = self.prepare_fn(self.state.policy.params, self.reference, value_params, self._device(tokens),
-                               self._device(attn))
-    prepared = mesh_lib.fetch(prepared)
-    train_valid = self._train_valid(batch)
-    adv = rl_update.compute_advantages(self.rl, batch.scores, train_valid, comp, prepared, float(self.state.kl.coef))
-    if self.rl.tis_cap > 0:
-      is_w, tis_metrics = losses.truncated_is_weights(jnp.asarray(prepared["old_logp"]), jnp.asarray(r["logprobs"]),
-                                                      jnp.asarray(comp), self.rl.tis_cap)
-      is_w, tis_metrics = np.asarray(is_w), {k: float(v) for k, v in tis_metrics.items()}
-    else:
-      is_w, tis_metrics = np.ones_like(prepared["old_logp"]), {}
-    mask = comp & train_valid[:, None]
-    data = {"tokens": tokens, "attn_mask": attn, "mask": mask, "old_logp": prepared["old_logp"],
-            "ref_logp": prepared["ref_logp"], "advantages": adv["advantages"].astype(np.float32),
-            "is_weights": is_w.astype(np.float32)}
-    if self.rl.algorithm == "ppo":
-      data["old_values"] = prepared["values"].astype(np.float32)
-      data["returns"] = adv["returns"].astype(np.float32)
-    timings["prepare"] = time.perf_counter() - t1
+    """prompts -> rollout -> rewards -> prepare (advantages) -> update; returns the step's metrics."""
+    timings: dict[str, float] = {}
+    batch, seen, stats = self.collect(step, timings)  # prompts, rollout, rewards (and dynamic sampling)
+    with diagnostics.timed(timings, "prepare"):  # log-probs, values, advantages, IS weights, diagnostics
+      value = self.state.value.params if self.state.value is not None else None
+      scored = self._device(rl_update.Scored(batch.scores, batch.valid, self._trains(batch), batch.success))
+      train_batch, rollout_metrics = self.prepare_fn(self.state.policy.params, self.reference, value, batch.rollout,
+                                                     scored, self.state.kl.coef)
+      jax.block_until_ready(train_batch)
+    with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
+      key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 4), step)
+      self.state, update_metrics = self.update_fn(self.state, train_batch, key)
+      rollout_metrics, update_metrics = mesh_lib.fetch((rollout_metrics, update_metrics))
+    flags = update_metrics.pop("train/skipped_flags")
+    self._skips.count(flags.tolist(), [update_metrics] * len(flags), step)
+    for episodes in seen:  # every rollout, kept or dropped, is evidence for the curriculum
+      self._update_curriculum(episodes)
+    return self._step_metrics(batch, seen, stats, rollout_metrics, update_metrics, timings)
 
-    t2 = time.perf_counter()
-    update_metrics = self._update(data, step)
-    timings["update"] = time.perf_counter() - t2
+  def _rollout(self, problems: list[Problem], rng: jax.Array, timings: dict[str, float]) -> Episodes:
+    """G episodes per problem, scored; the configured rewards, or the learned one with them as the gold."""
+    rows = [p for p in problems for _ in range(self.G)]
+    with diagnostics.timed(timings, "sampling"):
+      rollout, host, texts = self.sampler.rollout(self.state.policy.params, [p.prompt for p in rows], rng)
+    with diagnostics.timed(timings, "scoring"):
+      results = self.reward.batch(rows, texts)
+      scores = np.asarray([r.score for r in results], np.float32)
+      valid = np.asarray([r.valid for r in results], bool)
+      success = valid & (scores >= self.config.reward.success_threshold)
+      gold = None
+      if self.learned is not None:  # train on the proxy; the configured rewards are the gold, measured beside it
+        gold = np.where(valid, scores, np.nan).astype(np.float32)
+        proxy = reward_model.score_fn(self.ctx.model_cfg)(self.learned.params, rollout.tokens,
+                                                         rollout.prompt_mask | rollout.completion_mask)  # on device
+        scores = (mesh_lib.fetch(proxy) - self.learned.offset).astype(np.float32)
+        valid = np.ones_like(valid)
+      if self.rl.overlong == "penalty":
+        scores = scores + overlong_penalty(host["lengths"], host["finished"], self.N, self.rl.overlong_buffer,
+                                           self.rl.overlong_penalty)
+    return Episodes(rows, rollout, host, texts, scores, valid, success, [r.status for r in results], gold)
 
-    # KL controller, curriculum, diagnostics.
-    kl_now = float(masked.masked_mean(kl_lib.estimate(prepared["old_logp"], prepared["ref_logp"], "k1", mask), mask))
-    # The controller's n_steps and horizon count episodes (Ziegler et al. 2019), B of them per step.
-    kl_state = kl_lib.update_kl_state(self.state.kl, kl_now, self.B, adaptive=self.rl.kl.adaptive,
-                                      target=self.rl.kl.target, horizon=self.rl.kl.horizon)
-    self.state = self.state._replace(kl=mesh_lib.put(kl_state, self._replicated))  # same placement: no recompile
-    for seen in self._seen:
-      self._update_curriculum(seen)
-    metrics = diagnostics.rollout_metrics(
-      completion_mask=comp, scores=batch.scores, valid=batch.valid, success=batch.success, group_size=self.G,
-      sampler_logprobs=r["logprobs"], logprobs=prepared["old_logp"], ref_logprobs=prepared["ref_logp"],
-      entropy=prepared["entropy"], truncated=~r["finished"], lengths=r["lengths"],
-      values=data.get("old_values"), returns=data.get("returns"))  # IS-weight statistics come from tis_metrics
-    metrics = {k: float(v) for k, v in metrics.items()}
+  def _trains(self, episodes: Episodes) -> np.ndarray:
+    """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
+    return episodes.valid & (episodes.host["finished"] if self.rl.overlong == "mask" else True)
+
+  def _zero_variance(self, episodes: Episodes) -> np.ndarray:
+    """Groups whose training rows all scored the same (no signal). [groups]"""
+    return np.asarray(adv_lib.group_zero_variance(episodes.scores, self.G, self._trains(episodes)))
+
+  def collect(self, step: int, timings: dict[str, float]) -> tuple[Episodes, list[Episodes], dict[str, float]]:
+    """One step's episodes, every rollout drawn for them, and the dynamic-sampling statistics. With dynamic
+    sampling, zero-variance groups are replaced by fresh ones."""
+    P, G = self.rl.prompts_per_step, self.G
+    key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
+    seen = [self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, 0), timings)]
+    zero_var = [self._zero_variance(seen[0])]
+    # The fraction in the first draw: what a run without dynamic sampling would have trained on.
+    stats = {"groups/zero_variance_frac": float(zero_var[0].mean()), "dynamic/extra_rollouts": 0.0}
+    if not self.rl.dynamic_sampling:
+      return seen[0], seen, stats
+    while len(seen) <= self.rl.max_extra_rollouts and sum(int((~z).sum()) for z in zero_var) < P:
+      seen.append(self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, len(seen)), timings))
+      zero_var.append(self._zero_variance(seen[-1]))
+      stats["dynamic/extra_rollouts"] = float(len(seen) - 1)
+    # Exactly P groups (fixed shapes): signal first, zero-variance groups only if short.
+    flat = np.concatenate(zero_var)  # [len(seen) * P]
+    groups = np.concatenate([np.flatnonzero(~flat), np.flatnonzero(flat)])[:P]
+    rows = (groups[:, None] * G + np.arange(G)).reshape(-1)
+    stats["dynamic/kept_signal_frac"] = float(min(int((~flat).sum()), P) / P)
+    return Episodes.select(seen, rows, self._take), seen, stats
+
+  def _update_curriculum(self, episodes: Episodes) -> None:
+    G = self.G
+    succ, val = episodes.success.reshape(-1, G), episodes.valid.reshape(-1, G)
+    self.curriculum.update(episodes.problems[::G], (succ & val).sum(1).tolist(), val.sum(1).tolist())
+
+  def _step_metrics(self, batch: Episodes, seen: list[Episodes], stats: dict[str, float], rollout_metrics: dict,
+                    update_metrics: dict, timings: dict[str, float]) -> dict[str, float]:
+    """One step's metrics: the device's (rollout diagnostics, update) and the host's (counts, curriculum, time)."""
+    metrics = {k: float(v) for k, v in {**rollout_metrics, **update_metrics}.items()}
     if self.learned is not None:
       metrics["rollout/proxy_mean"] = float(np.mean(batch.scores))
-      metrics["rollout/gold_mean"] = float(np.nanmean(r["gold"])) if np.isfinite(r["gold"]).any() else float("nan")
+      metrics["rollout/gold_mean"] = float(np.nanmean(batch.gold)) if np.isfinite(batch.gold).any() else float("nan")
     if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
     metrics.update(stats)
-    metrics.update(tis_metrics)
-    metrics.update(update_metrics)
     metrics.update(self.curriculum.metrics())
-    metrics["policy/kl_coef"] = float(self.state.kl.coef)
-    metrics["rollout/verifier_errors"] = float(sum((~b.valid).sum() for b in self._seen))  # dropped groups too
+    metrics["rollout/verifier_errors"] = float(sum((~e.valid).sum() for e in seen))  # dropped groups too
     # Timeouts the completions caused (their program or answer overran): scored 0, counted apart.
-    metrics["rollout/timeouts"] = float(sum(s == "timeout" for b in self._seen for s in b.statuses))
-    n_tokens = int(sum(b.rollout["lengths"].sum() for b in self._seen))
-    metrics.update(diagnostics.perf_metrics(timings, n_tokens))
+    metrics["rollout/timeouts"] = float(sum(s == "timeout" for e in seen for s in e.statuses))
+    metrics.update(diagnostics.perf_metrics(timings, int(sum(e.host["lengths"].sum() for e in seen))))
     return metrics
 
-  def _update_curriculum(self, batch: Batch) -> None:
-    G = self.G
-    problems = batch.problems[::G]
-    succ = batch.success.reshape(-1, G)
-    val = batch.valid.reshape(-1, G)
-    self.curriculum.update(problems, (succ & val).sum(1).tolist(), val.sum(1).tolist())
-
-  def _update(self, data: dict[str, np.ndarray], step: int) -> dict[str, float]:
-    rl = self.rl
-    B = self.B
-    n_mb = rl.minibatches
-    A = rl.grad_accum
-    m = B // (n_mb * A)
-    rng = np.random.default_rng([self.config.seed, step])
-    key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 4), step)
-    collected = []
-    for epoch in range(rl.epochs):
-      order = rng.permutation(B)
-      for j in range(n_mb):
-        rows = order[j * m * A: (j + 1) * m * A]
-        mb = {k: v[rows].reshape((A, m) + v.shape[1:]) for k, v in data.items()}
-        weight = rl_update.micro_weights(mb["mask"], rl.loss_mode)
-        mb = {k: mesh_lib.put(v, self._micro_sharding(v.shape)) for k, v in mb.items()}
-        mb["weight"] = jnp.asarray(weight)
-        self.state, met = self.update_fn(self.state, mb, jax.random.fold_in(key, epoch * n_mb + j))
-        collected.append(met)
-    collected = mesh_lib.fetch(collected)
-    self._skips.count([float(c["train/skipped"]) for c in collected], collected, step)
-    out = {k: float((np.max if rl_update.is_max_metric(k) else np.mean)([c[k] for c in collected]))
-           for k in collected[0]}
-    out["train/skipped"] = float(np.sum([c["train/skipped"] for c in collected]))
-    return out
-
-  def _micro_sharding(self, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
-    return mesh_lib.named_sharding(self.ctx.mesh, (None, "batch") + (None,) * (len(shape) - 2), self.ctx.rules, shape)
+  def _device(self, tree: Any) -> Any:
+    """Host [B] arrays onto the mesh, the batch sharded like the rollout's."""
+    return mesh_lib.put(tree, mesh_lib.batch_sharding(self.ctx.mesh, self.ctx.rules, (self.B,)))
 
   # --- evaluation --------------------------------------------------------------------------------
 
@@ -417,15 +341,9 @@ class RLTrainer:
     targets["kl"] = stage_run.abstract(jax.eval_shape(lambda: self.state.kl), sh.kl)
     return targets
 
-  def _resume(self) -> tuple[evaluation.EvalResult, dict[str, dict[int, float]]]:
-    """Restores the latest checkpoint: train states, KL controller, curriculum; returns the pre-RL
-    evaluation and the pass@k curves recorded so far."""
-    items, extra = self._stage.restore(self._checkpoint_targets())
+  def _state_from_items(self, items: dict[str, Any]) -> rl_update.RLState:
     value = stage_run.state_from_items(items, "value_") if self.state.value is not None else None
-    self.state = rl_update.RLState(stage_run.state_from_items(items), value, items["kl"])
-    self.curriculum.load_state_dict(extra["curriculum"])
-    curves = {label: {int(k): v for k, v in c.items()} for label, c in extra["curves"].items()}
-    return evaluation.EvalResult.from_dict(extra["before"]), curves
+    return rl_update.RLState(stage_run.state_from_items(items), value, items["kl"])
 
   def _save(self, step: int, before: evaluation.EvalResult, curves: dict[str, dict[int, float]]) -> None:
     cur = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.curriculum.state_dict().items()}
@@ -435,28 +353,25 @@ class RLTrainer:
 
   def run(self) -> dict[str, Any]:
     """The RL stage: resumes from `<workdir>/checkpoints/rl` when it holds checkpoints."""
-    stage = self._stage = stage_run.StageRun(self.config, self.ctx.workdir, "rl", self.rl.steps, "metrics.jsonl",
-                                             self._skips, self.log)
-    try:
+    with stage_run.StageRun(self.config, self.ctx.workdir, "rl", self.rl.steps, "metrics.jsonl", self._skips,
+                            self.log) as stage:
+      self._stage = stage
+      state, params, extra = stage.start(self.ctx, self._checkpoint_targets(), lambda _: self.state,
+                                         from_items=self._state_from_items)
       if stage.complete:
-        items, _ = stage.restore({"params": stage_run.abstract(jax.eval_shape(lambda: self.state.policy.params),
-                                                              self._shardings.policy.params)})
-        self.ctx.policy = items["params"]
-        self.log(f"rl: complete in {stage.directory} (step {stage.start_step}); its policy is loaded")
-        path = os.path.join(self.ctx.workdir, "rl_summary.json")
-        return json.load(open(path)) if os.path.exists(path) else {}
-      return self._run(stage)
-    finally:
-      stage.close()
+        self.ctx.policy = params
+        return stage.read_summary()
+      self.state = state
+      return self._run(stage, extra)
 
-  def _run(self, stage: stage_run.StageRun) -> dict[str, Any]:
+  def _run(self, stage: stage_run.StageRun, extra: dict[str, Any]) -> dict[str, Any]:
     rl, workdir = self.rl, self.ctx.workdir
     main = stage_run.is_main_process()
-    if stage.start_step:
-      before, curves = self._resume()
-      self.log(f"rl: resuming from step {stage.start_step} of {rl.steps} ({stage.directory})")
+    if stage.start_step:  # the curriculum, the pre-RL evaluation and the pass@k curves so far
+      self.curriculum.load_state_dict(extra["curriculum"])
+      before = evaluation.EvalResult.from_dict(extra["before"])
+      curves = {label: {int(k): v for k, v in c.items()} for label, c in extra["curves"].items()}
     else:
-      stage.fresh_metrics()
       before = self.evaluate(0, "before RL")
       curves = {"before RL": before.pass_at_k}
     writer = metrics_lib.MultiWriter([metrics_lib.JsonlWriter(stage.metrics_path),
@@ -489,9 +404,7 @@ class RLTrainer:
                               title=f"{rl.algorithm} on {self.config.task.name}")
       self.log(f"rl: after RL:  {_eval_line(after)}")
       self.log(f"rl: {evaluation.compare(before, after)}")
-      with open(os.path.join(workdir, "rl_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    stage.finish()
+    stage.finish(summary)
     self.ctx.policy = self.state.policy.params
     return summary
 
@@ -506,9 +419,5 @@ def _eval_line(r: evaluation.EvalResult) -> str:
 
 def run(ctx: Context) -> dict[str, Any]:
   """The "rl" stage: from `config.rl.init_from` when set, else from the policy the stage before left."""
-  if ctx.config.rl.init_from:
-    target = stage_run.abstract(jax.eval_shape(lambda: ctx.policy), ctx.param_shardings)
-    ctx.policy = stage_run.load_params(ctx.config.rl.init_from, target)
-    if stage_run.is_main_process():
-      print(f"rl: starting from the policy in {ctx.config.rl.init_from}", flush=True)
+  ctx.policy = stage_run.start_params(ctx, ctx.config.rl.init_from, "rl")
   return RLTrainer(ctx).run()

@@ -1,8 +1,14 @@
-"""The jitted pieces of the RL loop (rl_lm/train/rl.py): scoring a rollout, advantages, the update.
+"""The two jitted halves of an RL step (rl_lm/train/rl.py): `prepare` and `update`, both on device.
 
-Arrays are aligned per token: `logp[b, t]` is the log-prob of `tokens[b, t]` given the tokens
-before it, and `mask[b, t]` marks completion tokens that train. Values follow the same alignment:
-`values[b, t]` is the value of the state just before token t.
+  prepare(policy, reference, value, rollout, scored, kl_coef) -> (TrainBatch, rollout diagnostics)
+  update(state, batch, key)                                   -> (state, update metrics)
+
+Between the sampler and the optimizer nothing leaves the device: the rollout's token arrays stay where the
+sampler wrote them, the host sends the scores once (`Scored`), and only scalar metrics come back.
+
+Arrays are aligned per token: `logp[b, t]` is the log-prob of `tokens[b, t]` given the tokens before it,
+and `mask[b, t]` marks completion tokens that train. Values follow the same alignment: `values[b, t]` is
+the value of the state just before token t.
 """
 
 from __future__ import annotations
@@ -12,8 +18,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from rl_lm import diagnostics, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm.models import heads, transformer
 from rl_lm.models.presets import ModelConfig
@@ -29,6 +35,29 @@ class RLState(NamedTuple):
   policy: state_lib.TrainState
   value: state_lib.TrainState | None  # PPO only
   kl: kl_lib.KLState
+
+
+class Scored(NamedTuple):
+  """The host's verdict on each episode, sent to the device once per step. All [B]."""
+
+  scores: jax.Array  # float32: what trains (the learned reward when there is one; penalties included)
+  valid: jax.Array  # bool: the verifier decided
+  trains: jax.Array  # bool: valid, and (with overlong masking) the completion finished
+  success: jax.Array  # bool: solved
+
+
+class TrainBatch(NamedTuple):
+  """One step's update inputs, [B, T] each, on device; the PPO fields are None for the other algorithms."""
+
+  tokens: jax.Array
+  attn_mask: jax.Array
+  mask: jax.Array  # completion tokens of the rows that train
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  advantages: jax.Array
+  is_weights: jax.Array
+  old_values: jax.Array | None = None
+  returns: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -50,54 +79,68 @@ def token_values(cfg: ModelConfig, value_params: Any, tokens: jax.Array, mask: j
   return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], 1)
 
 
-def make_prepare_fn(cfg: ModelConfig, temperature: float, mesh: Any, rules: mesh_lib.Rules, with_value: bool
-                    ) -> Callable[..., dict[str, jax.Array]]:
-  """jit(policy, reference, value, tokens, attn_mask) -> old_logp, ref_logp, entropy[, values] (all [B, T])."""
+def advantages(rl: Any, scores: jax.Array, trains: jax.Array, completion_mask: jax.Array, old_logp: jax.Array,
+               ref_logp: jax.Array, values: jax.Array | None, kl_coef: jax.Array
+               ) -> tuple[jax.Array, jax.Array | None]:
+  """Advantages [B, T] (and returns [B, T] for PPO, else None) for `rl.algorithm`; rows that do not train
+  get 0. scores, trains: [B]; the rest [B, T]."""
+  G, returns = rl.group_size, None
+  train_mask = completion_mask & trains[:, None]  # [B, T]
+  if rl.algorithm in GROUP_ALGORITHMS:
+    if rl.algorithm == "rloo":
+      adv = adv_lib.rloo(scores, G, valid=trains)
+    else:
+      adv = adv_lib.grpo(scores, G, scale_by_std=rl.scale_by_std and rl.algorithm == "grpo", valid=trains)
+    adv = adv_lib.broadcast_to_tokens(adv, completion_mask)
+  else:
+    kl_tok = kl_lib.estimate(old_logp, ref_logp, rl.kl.estimator, mask=completion_mask)
+    coef = kl_coef if rl.kl.placement == "reward" else 0.0
+    token_rewards = kl_lib.penalised_rewards(scores, kl_tok, completion_mask, coef)
+    if rl.algorithm == "reinforce_pp":
+      adv = adv_lib.reinforce_pp(token_rewards, train_mask, gamma=rl.value.gamma)
+    else:  # ppo
+      adv, returns = adv_lib.gae(token_rewards, values, completion_mask, rl.value.gamma, rl.value.lam)
+      if rl.value.whiten_advantages:
+        adv = masked.whiten(adv, train_mask)
+  return jnp.where(train_mask, adv, 0.0), returns
 
-  def prepare(policy, reference, value, tokens, attn_mask):
-    old_logp, entropy = logprobs_and_entropy(cfg, policy, tokens, attn_mask, temperature)
-    ref_logp, _ = logprobs_and_entropy(cfg, reference, tokens, attn_mask, temperature)
-    out = {"old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy}
-    if with_value:
-      out["values"] = token_values(cfg, value, tokens, attn_mask)
-    return out
+
+# ------------------------------------------------------------------------------------------------
+# prepare
+
+
+def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules) -> Callable:
+  """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef) -> (TrainBatch, metrics).
+
+  Everything between the scores and the update: old and reference log-probs, values, advantages (with the
+  KL penalty in the reward when configured), truncated importance weights, and the rollout's run-health
+  metrics (`diagnostics.rollout_metrics`, float32 scalars).
+  """
+  is_ppo = rl.algorithm == "ppo"
+
+  def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array):
+    comp = rollout.completion_mask  # [B, T]
+    attn = rollout.prompt_mask | comp
+    old_logp, entropy = logprobs_and_entropy(cfg, policy, rollout.tokens, attn, temperature)
+    ref_logp, _ = logprobs_and_entropy(cfg, reference, rollout.tokens, attn, temperature)
+    values = token_values(cfg, value, rollout.tokens, attn) if is_ppo else None
+    adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
+    metrics: dict[str, jax.Array] = {}
+    is_w = jnp.ones_like(old_logp)
+    if rl.tis_cap > 0:
+      is_w, metrics = losses.truncated_is_weights(old_logp, rollout.logprobs, comp, rl.tis_cap)
+    metrics.update(diagnostics.rollout_metrics(
+      completion_mask=comp, scores=scored.scores, valid=scored.valid, success=scored.success, group_size=rl.group_size,
+      sampler_logprobs=rollout.logprobs, logprobs=old_logp, ref_logprobs=ref_logp, entropy=entropy,
+      truncated=~rollout.finished, lengths=rollout.lengths, values=values, returns=returns))
+    mask = comp & scored.trains[:, None]
+    return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
 
   return jax.jit(mesh_lib.bind(prepare, mesh, rules))
 
 
 # ------------------------------------------------------------------------------------------------
-# Advantages
-
-
-def compute_advantages(rl: Any, scores: np.ndarray, valid: np.ndarray, mask: np.ndarray, prepared: dict,
-                       kl_coef: float) -> dict[str, np.ndarray]:
-  """Advantages [B, T] (and returns for PPO) for the configured algorithm. Invalid rows get 0."""
-  G = rl.group_size
-  scores_j, valid_j, mask_j = jnp.asarray(scores, jnp.float32), jnp.asarray(valid), jnp.asarray(mask)
-  out: dict[str, Any] = {}
-  if rl.algorithm in GROUP_ALGORITHMS:
-    if rl.algorithm == "rloo":
-      adv = adv_lib.rloo(scores_j, G, valid=valid_j)
-    else:
-      adv = adv_lib.grpo(scores_j, G, scale_by_std=rl.scale_by_std and rl.algorithm == "grpo", valid=valid_j)
-    out["advantages"] = adv_lib.broadcast_to_tokens(adv, mask_j)
-  else:
-    kl_tok = kl_lib.estimate(prepared["old_logp"], prepared["ref_logp"], rl.kl.estimator, mask=mask_j)
-    coef = kl_coef if rl.kl.placement == "reward" else 0.0
-    token_rewards = kl_lib.penalised_rewards(scores_j, kl_tok, mask_j, coef)
-    if rl.algorithm == "reinforce_pp":
-      out["advantages"] = adv_lib.reinforce_pp(token_rewards, mask_j & valid_j[:, None], gamma=rl.value.gamma)
-    else:  # ppo
-      adv, ret = adv_lib.gae(token_rewards, prepared["values"], mask_j, rl.value.gamma, rl.value.lam)
-      if rl.value.whiten_advantages:
-        adv = masked.whiten(adv, mask_j & valid_j[:, None])
-      out["advantages"], out["returns"] = adv, ret
-  out["advantages"] = jnp.where(valid_j[:, None] & mask_j, out["advantages"], 0.0)
-  return {k: np.asarray(v) for k, v in out.items()}
-
-
-# ------------------------------------------------------------------------------------------------
-# The update
+# update
 
 
 def is_max_metric(key: str) -> bool:
@@ -105,40 +148,45 @@ def is_max_metric(key: str) -> bool:
   return key.endswith("_max")
 
 
-def micro_weights(mask: np.ndarray, mode: str) -> np.ndarray:
-  """Weights of the micro-batches [A, m, T] of one minibatch, so that the weighted sum of their
-  aggregated losses is the minibatch's aggregated loss exactly. -> [A]."""
+def micro_weights(mask: jax.Array, mode: str) -> jax.Array:
+  """Weights of the micro-batches [A, m, T] of one minibatch, so that the weighted sum of their aggregated
+  losses is the minibatch's aggregated loss exactly. -> [A] float32."""
   if mode == "token-mean":
-    per = mask.sum(axis=(1, 2)).astype(np.float64)
+    per = jnp.sum(mask, axis=(1, 2), dtype=jnp.float32)
   elif mode == "seq-mean-token-sum-norm":
-    per = np.full(mask.shape[0], mask.shape[1], np.float64)
+    per = jnp.full(mask.shape[:1], mask.shape[1], jnp.float32)
   else:
-    per = mask.any(axis=2).sum(axis=1).astype(np.float64)
-  total = per.sum()
-  return (per / total if total > 0 else np.zeros_like(per)).astype(np.float32)
+    per = jnp.sum(jnp.any(mask, axis=2), axis=1, dtype=jnp.float32)
+  total = jnp.sum(per)
+  return jnp.where(total > 0, per / jnp.maximum(total, 1.0), 0.0)
 
 
 def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant: int, optimizers: tuple,
                    shardings: RLState, mesh: Any, rules: mesh_lib.Rules) -> Callable:
-  """update_fn(state, minibatch, rng) -> (state, metrics), jitted once with the state donated.
+  """update_fn(state, batch: TrainBatch, key) -> (state, metrics), jitted once with the state donated.
 
-  minibatch: arrays [A, m, T] (A micro-batches accumulated into one optimizer step) and `weight` [A].
+  The whole optimisation of one step runs inside: `rl.epochs` passes, each over a permutation of the B rows
+  drawn on device from `key`, cut into `rl.minibatches` optimizer steps of `rl.grad_accum` micro-batches
+  ([A, m, T]) each, as `lax.scan`s; then the KL controller takes its step on the rollout's KL. Metrics are
+  means over the optimizer steps (maxima for `*_max`), `train/skipped` counts skipped steps and
+  `train/skipped_flags` [epochs * minibatches] says which, in order.
   """
   policy_opt, value_opt = optimizers
   kl_in_loss = rl.kl.placement == "loss"
   dual = rl.dual_clip if rl.dual_clip > 0 else None
   is_ppo = rl.algorithm == "ppo"
+  E, M, A = rl.epochs, rl.minibatches, rl.grad_accum
 
-  def micro_loss(params, mb, kl_coef):
+  def micro_loss(params, mb: TrainBatch, kl_coef):
     policy, value = params
-    logp, ent = logprobs_and_entropy(cfg, policy, mb["tokens"], mb["attn_mask"], temperature)
-    mask = mb["mask"]
+    logp, ent = logprobs_and_entropy(cfg, policy, mb.tokens, mb.attn_mask, temperature)
+    mask = mb.mask
     loss, metrics = losses.policy_loss(
-      logp, mb["old_logp"], mb["advantages"], mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
-      dual_clip=dual, mode=rl.loss_mode, is_weights=mb["is_weights"], norm_constant=norm_constant)
+      logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
+      dual_clip=dual, mode=rl.loss_mode, is_weights=mb.is_weights, norm_constant=norm_constant)
     metrics = dict(metrics)
     metrics["policy/pg_loss"] = loss
-    kl_tok = kl_lib.estimate(logp, mb["ref_logp"], rl.kl.estimator, mask=mask)
+    kl_tok = kl_lib.estimate(logp, mb.ref_logp, rl.kl.estimator, mask=mask)
     kl_term = losses.aggregate(kl_tok, mask, rl.loss_mode, norm_constant)
     metrics["policy/kl_loss"] = kl_term
     if kl_in_loss:
@@ -148,38 +196,35 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     if rl.entropy_coef:
       loss = loss - rl.entropy_coef * ent_term
     if is_ppo:
-      v = token_values(cfg, value, mb["tokens"], mb["attn_mask"])
-      vloss, vmetrics = losses.value_loss(v, mb["old_values"], mb["returns"], mask, clip=rl.value.clip or None,
+      v = token_values(cfg, value, mb.tokens, mb.attn_mask)
+      vloss, vmetrics = losses.value_loss(v, mb.old_values, mb.returns, mask, clip=rl.value.clip or None,
                                           mode=rl.loss_mode, norm_constant=norm_constant)
       loss = loss + rl.value.coef * vloss
       metrics.update(vmetrics)
       metrics["value/loss"] = vloss
+    metrics["train/loss"] = loss
     return loss, metrics
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def update(state: RLState, minibatch: dict, rng: jax.Array):
-    del rng  # the loss is deterministic; kept for dropout-style extensions
+  def optimizer_step(state: RLState, minibatch: TrainBatch) -> tuple[RLState, dict[str, jax.Array]]:
+    """One optimizer step on a minibatch of A micro-batches [A, m, T], gradients accumulated by weight."""
     params = (state.policy.params, state.value.params if state.value is not None else None)
-    weights = minibatch.pop("weight")
+    weights = micro_weights(minibatch.mask, rl.loss_mode)  # [A]
 
-    def body(acc, xs):
+    def micro(acc, xs):
       mb, w = xs
-      (loss, metrics), grads = grad_fn(params, mb, state.kl.coef)
-      scaled = jax.tree.map(lambda g: g * w, grads)
+      (_, metrics), grads = grad_fn(params, mb, state.kl.coef)
       acc_grads, acc_metrics = acc
-      acc_grads = jax.tree.map(jnp.add, acc_grads, scaled)
-      metrics = dict(metrics, **{"train/loss": loss})
+      acc_grads = jax.tree.map(lambda a, g: a + w * g, acc_grads, grads)
       acc_metrics = {k: jnp.maximum(a, metrics[k]) if is_max_metric(k) else a + w * metrics[k]
                      for k, a in acc_metrics.items()}
       return (acc_grads, acc_metrics), None
 
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
     first = jax.tree.map(lambda x: x[0], minibatch)
-    metric_shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef)[0][1])
-    zero_metrics = {k: jnp.zeros(s.shape, jnp.float32) for k, s in metric_shapes.items()}
-    zero_metrics["train/loss"] = jnp.zeros((), jnp.float32)
-    (grads, metrics), _ = jax.lax.scan(body, (zero_grads, zero_metrics), (minibatch, weights))
+    shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef)[0][1])
+    zeros = (jax.tree.map(jnp.zeros_like, params), {k: jnp.zeros(s.shape, jnp.float32) for k, s in shapes.items()})
+    (grads, metrics), _ = jax.lax.scan(micro, zeros, (minibatch, weights))
 
     # One step for policy and value together: taken only when every gradient and both updated states are
     # finite, else both states are kept as they were.
@@ -196,5 +241,29 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       new_value = state_lib.accept(ok, new_value, state.value)
     metrics["train/skipped"] = (~ok).astype(jnp.float32)
     return RLState(state_lib.accept(ok, new_policy, state.policy), new_value, state.kl), metrics
+
+  def epoch(state: RLState, key: jax.Array, batch: TrainBatch) -> tuple[RLState, dict[str, jax.Array]]:
+    B = batch.tokens.shape[0]
+    m = B // (M * A)
+    order = jax.random.permutation(key, B)
+
+    def cut(x: jax.Array) -> jax.Array:  # [B, ...] -> [M, A, m, ...], the micro-batch rows over "batch"
+      x = jnp.take(x, order, axis=0).reshape((M, A, m) + x.shape[1:])
+      return mesh_lib.constrain(x, (None, None, "batch") + (None,) * (x.ndim - 3))
+
+    return jax.lax.scan(optimizer_step, state, jax.tree.map(cut, batch))
+
+  def update(state: RLState, batch: TrainBatch, key: jax.Array) -> tuple[RLState, dict[str, jax.Array]]:
+    state, per_step = jax.lax.scan(lambda s, k: epoch(s, k, batch), state, jax.random.split(key, E))  # [E, M] each
+    metrics = {k: (jnp.max if is_max_metric(k) else jnp.mean)(v) for k, v in per_step.items()}
+    metrics["train/skipped"] = jnp.sum(per_step["train/skipped"])
+    metrics["train/skipped_flags"] = per_step["train/skipped"].reshape(-1)
+    # The controller measures the rollout's KL (k1, over the trained tokens); its n_steps and horizon count
+    # episodes (Ziegler et al. 2019), B of them per step.
+    kl_now = masked.masked_mean(kl_lib.estimate(batch.old_logp, batch.ref_logp, "k1", batch.mask), batch.mask)
+    kl = kl_lib.update_kl_state(state.kl, kl_now, batch.tokens.shape[0], adaptive=rl.kl.adaptive,
+                                target=rl.kl.target, horizon=rl.kl.horizon)
+    metrics["policy/kl_coef"] = kl.coef
+    return state._replace(kl=kl), metrics
 
   return jax.jit(mesh_lib.bind(update, mesh, rules), out_shardings=(shardings, None), donate_argnums=(0,))

@@ -1,13 +1,13 @@
 """From prompt texts to scored token arrays: fixed-shape encoding, chunked sampling, decoding.
 
-Every call to the jitted sampler has the same shape (`rows` x `prompt_len`), so a run compiles it
-once: prompt lists are padded with copies of their first prompt up to a multiple of `rows`, and the
-padding rows are dropped from the results.
+Every call to the jitted sampler (or scorer) has the same shape (`rows` x `prompt_len`), so a run
+compiles it once: `in_batches` pads the rows with copies of the first up to a multiple of `rows`,
+calls it chunk by chunk, and drops the padding rows from the results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -18,6 +18,22 @@ from jax.sharding import Mesh
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling, tokenizer
 from rl_lm.models.presets import ModelConfig
+
+
+def in_batches(fn: Callable[[int, dict[str, jax.Array]], Any], arrays: Mapping[str, np.ndarray], rows: int,
+               mesh: Mesh, rules: mesh_lib.Rules) -> Any:
+  """`fn(c, chunk)` on chunk c of `rows` rows of `arrays` (each [n, ...]; the rows padded by repeating the first
+  to a multiple of `rows`), the chunk placed on the mesh with the batch sharding. Returns fn's outputs (a pytree
+  of [rows, ...] arrays) on the host, the chunks concatenated and the padding rows dropped: [n, ...] each."""
+  n = len(next(iter(arrays.values())))
+  pad = (-n) % rows
+  arrays = {k: np.concatenate([v, np.repeat(v[:1], pad, 0)]) for k, v in arrays.items()}
+  chunks = []
+  for c in range((n + pad) // rows):
+    chunk = {k: v[c * rows: (c + 1) * rows] for k, v in arrays.items()}
+    placed = {k: mesh_lib.put(v, mesh_lib.batch_sharding(mesh, rules, v.shape)) for k, v in chunk.items()}
+    chunks.append(mesh_lib.fetch(fn(c, placed)))
+  return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *chunks)
 
 
 class Sampler:
@@ -49,24 +65,27 @@ class Sampler:
       lengths[i] = len(ids)
     return out, lengths
 
+  def rollout(self, params: Any, texts: Sequence[str], rng: jax.Array
+              ) -> tuple[sampling.Rollout, dict[str, np.ndarray], list[str]]:
+    """Samples one completion for each of exactly `rows` texts, for training: the rollout stays on the device
+    where the sampler wrote it; only tokens, lengths and `finished` come to the host (once), to decode the
+    completions. Returns (device rollout, those host arrays, the completion texts)."""
+    if len(texts) != self.rows:
+      raise ValueError(f"Sampler.rollout takes exactly {self.rows} prompts, got {len(texts)}")
+    prompts, lengths = self.encode(texts)
+    params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
+    put = lambda x: mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
+    out = self._generate(params, put(prompts), put(lengths), jax.random.fold_in(rng, 0))
+    host = mesh_lib.fetch({"tokens": out.tokens, "lengths": out.lengths, "finished": out.finished})
+    P = self.prompt_len
+    return out, host, [self.tok.decode(host["tokens"][i, P: P + host["lengths"][i]]) for i in range(self.rows)]
+
   def sample(self, params: Any, texts: Sequence[str], rng: jax.Array) -> dict[str, np.ndarray]:
     """Samples one completion per text. Returns host arrays (see `sampling.Rollout`) plus `texts`."""
-    n = len(texts)
     prompts, lengths = self.encode(texts)
-    pad = (-n) % self.rows
-    if pad:
-      prompts = np.concatenate([prompts, np.repeat(prompts[:1], pad, 0)])
-      lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad, 0)])
     params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
-    chunks = []
-    sharding = mesh_lib.batch_sharding(self.mesh, self.rules, (self.rows, self.prompt_len))
-    len_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, (self.rows,))
-    for c in range(len(prompts) // self.rows):
-      sl = slice(c * self.rows, (c + 1) * self.rows)
-      out = self._generate(params, mesh_lib.put(prompts[sl], sharding), mesh_lib.put(lengths[sl], len_sharding),
-                           jax.random.fold_in(rng, c))
-      chunks.append(mesh_lib.fetch(out._asdict()))
-    result = {k: np.concatenate([ch[k] for ch in chunks])[:n] for k in chunks[0]}
+    generate = lambda c, b: self._generate(params, b["prompts"], b["lengths"], jax.random.fold_in(rng, c))
+    result = in_batches(generate, {"prompts": prompts, "lengths": lengths}, self.rows, self.mesh, self.rules)._asdict()
     P = self.prompt_len
-    result["texts"] = [self.tok.decode(result["tokens"][i, P: P + result["lengths"][i]]) for i in range(n)]
+    result["texts"] = [self.tok.decode(result["tokens"][i, P: P + result["lengths"][i]]) for i in range(len(texts))]
     return result

@@ -80,47 +80,27 @@ def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str,
   Checkpoints go to `<workdir>/checkpoints/sft`; a workdir holding some resumes from the latest, one
   whose SFT stage completed loads its result and trains nothing. Metrics: `<workdir>/sft_metrics.jsonl`.
   """
-  log = log if stage_run.is_main_process() else (lambda *_: None)  # one process speaks
   optimizer = state_lib.make_optimizer(sft_cfg.learning_rate, weight_decay=sft_cfg.weight_decay,
                                        warmup_steps=sft_cfg.warmup_steps, total_steps=sft_cfg.steps)
   params_abstract = jax.eval_shape(lambda: ctx.policy)
   shardings = state_lib.state_shardings(optimizer, params_abstract, ctx.param_shardings, ctx.mesh)
-  run = stage_run.StageRun(ctx.config, ctx.workdir, "sft", sft_cfg.steps, "sft_metrics.jsonl", log=log)
-  try:
+  targets = stage_run.state_targets(optimizer, params_abstract, shardings)
+  create = lambda p: state_lib.create(p, optimizer, ctx.mesh, ctx.param_shardings)
+  with stage_run.StageRun(ctx.config, ctx.workdir, "sft", sft_cfg.steps, "sft_metrics.jsonl", log=log) as run:
+    state, ctx.policy, _ = run.start(ctx, targets, create, sft_cfg.init_from)
     if run.complete:
-      items, _ = run.restore({"params": stage_run.abstract(params_abstract, ctx.param_shardings)})
-      ctx.policy = items["params"]
-      log(f"sft: complete in {run.directory} (step {run.start_step}); its policy is loaded, nothing to train")
       return {}
-    if sft_cfg.init_from:
-      ctx.policy = stage_run.load_params(sft_cfg.init_from, stage_run.abstract(params_abstract, ctx.param_shardings))
-      log(f"sft: starting from the policy in {sft_cfg.init_from}")
-    if run.start_step:
-      items, _ = run.restore(stage_run.state_targets(optimizer, params_abstract, shardings))
-      state = stage_run.state_from_items(items)
-      log(f"sft: resuming from step {run.start_step} of {sft_cfg.steps} ({run.directory})")
-    else:
-      run.fresh_metrics()
-      state = state_lib.create(ctx.policy, optimizer, ctx.mesh, ctx.param_shardings)
-    metrics = _loop(ctx, task, sft_cfg, optimizer, shardings, state, run, log)
-  finally:
-    run.close()
-  return metrics
+    update = state_lib.make_update_fn(sft_loss(ctx.model_cfg), optimizer, shardings, ctx.mesh, ctx.rules)
+    data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed, start=run.start_step)
 
+    def batch_at(step: int) -> dict[str, Any]:  # called in step order: the stream is the data position
+      batch = next(data)
+      batch["host_metrics"] = {"sft/truncated": int(batch.pop("truncated"))}
+      return batch
 
-def _loop(ctx: Context, task: Task, sft_cfg: Any, optimizer: Any, shardings: state_lib.TrainState,
-          state: state_lib.TrainState, run: stage_run.StageRun, log: Any) -> dict[str, float]:
-  update = state_lib.make_update_fn(sft_loss(ctx.model_cfg), optimizer, shardings, ctx.mesh, ctx.rules)
-  data = batches(task, ctx.tokenizer, sft_cfg.batch_size, sft_cfg.max_len, ctx.config.seed, start=run.start_step)
-
-  def batch_at(step: int) -> dict[str, Any]:  # called in step order: the stream is the data position
-    batch = next(data)
-    batch["host_metrics"] = {"sft/truncated": int(batch.pop("truncated"))}
-    return batch
-
-  spec = loop.LoopSpec("sft", sft_cfg.steps, sft_cfg.log_every, batch_at, console=(("sft/accuracy", "token acc"),),
-                       curves=("train/loss", "sft/accuracy", "train/grad_norm"))
-  state, metrics = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 1), log)
-  run.finish()
+    spec = loop.LoopSpec("sft", sft_cfg.steps, sft_cfg.log_every, batch_at, console=(("sft/accuracy", "token acc"),),
+                         curves=("train/loss", "sft/accuracy", "train/grad_norm"))
+    state, metrics = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 1), run.log)
+    run.finish()
   ctx.policy = state.params
   return metrics

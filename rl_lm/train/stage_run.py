@@ -1,8 +1,9 @@
-"""A training stage's life on disk: checkpoints, resume, completion, its metrics file, and the
-non-finite-update stop.
+"""A training stage's life on disk: checkpoints, resume, completion, its metrics file and summary, the
+non-finite-update stop, and the prologue every stage shares (`StageRun.start`).
 
   <workdir>/checkpoints/<stage>/<step>/   Orbax items ("params", "opt", ...) + extra (JSON)
   <workdir>/checkpoints/<stage>/complete.json   written last: the stage finished (a rerun skips it)
+  <workdir>/<stage>_summary.json   what the stage reports at its end (evaluations), written just before it
 
 A stage saves every `config.checkpoint.every` steps and at its last step. The extra record holds the
 step, the stage's number of steps (a rerun with another number is refused: the learning-rate schedule
@@ -15,21 +16,29 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rl_lm.checkpoint import Checkpointer, CheckpointError, NonFiniteError, restore_item
 from rl_lm.config import ConfigError
 from rl_lm.train import state as state_lib
+from rl_lm.train.context import Context
 
 COMPLETE = "complete.json"
 
 
 def is_main_process() -> bool:
   return jax.process_index() == 0
+
+
+def speaker(log: Callable[[str], Any] = print) -> Callable[[str], Any]:
+  """`log` on process 0, silence on the others: one process speaks."""
+  return log if is_main_process() else lambda *_: None
 
 
 def abstract(tree: Any, shardings: Any) -> Any:
@@ -58,6 +67,21 @@ def load_params(path: str, target: Any) -> Any:
   """The "params" item of a checkpoint folder (its latest step) or of one step folder: a stage's `init_from`."""
   params, _ = restore_item(path, "params", target)
   return params
+
+
+def start_params(ctx: Context, init_from: str, stage: str, log: Callable[[str], Any] = print) -> Any:
+  """The policy a stage starts from: the "params" of the checkpoint folder `init_from`, else `ctx.policy`."""
+  if not init_from:
+    return ctx.policy
+  params = load_params(init_from, abstract(jax.eval_shape(lambda: ctx.policy), ctx.param_shardings))
+  speaker(log)(f"{stage}: starting from the policy in {init_from}")
+  return params
+
+
+def frozen_copy(params: Any) -> Any:
+  """`params` in new buffers with the same shardings: a frozen reference that donating `params` cannot delete."""
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  return jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings)(params)
 
 
 class SkipCounter:
@@ -90,14 +114,16 @@ def count_lines(path: str) -> int:
 
 
 class StageRun:
-  """Checkpoints and the metrics file of one stage; `start_step` > 0 means a resume."""
+  """Checkpoints and the metrics file of one stage; `start_step` > 0 means a resume. A context manager
+  (closed on leaving); `log` speaks on process 0 only."""
 
   def __init__(self, config: Any, workdir: str, stage: str, total_steps: int, metrics_file: str,
                skips: SkipCounter | None = None, log: Any = print):
     ck = config.checkpoint
-    self.stage, self.total, self.every, self.log = stage, total_steps, ck.every, log
+    self.stage, self.total, self.every, self.log = stage, total_steps, ck.every, speaker(log)
     self.directory = os.path.join(workdir, "checkpoints", stage)
     self.metrics_path = os.path.join(workdir, metrics_file)
+    self.summary_path = os.path.join(workdir, f"{stage}_summary.json")
     self.skips = skips or SkipCounter(config.stop_after_nonfinite, stage)
     self.ckpt = Checkpointer(self.directory, max_to_keep=ck.keep, async_save=ck.async_save)
     try:
@@ -105,6 +131,12 @@ class StageRun:
     except BaseException:
       self.ckpt.close()
       raise
+
+  def __enter__(self) -> StageRun:
+    return self
+
+  def __exit__(self, *_: Any) -> None:
+    self.close()
 
   def _check(self, total_steps: int, resume: bool) -> None:
     """Sets start_step and complete; refuses a workdir this run cannot continue."""
@@ -139,6 +171,24 @@ class StageRun:
     with open(path) as f:
       return int(json.load(f)["step"])
 
+  def start(self, ctx: Context, targets: Mapping[str, Any], create: Callable[[Any], Any], init_from: str = "",
+            from_items: Callable[[Mapping[str, Any]], Any] = state_from_items) -> tuple[Any, Any, dict[str, Any]]:
+    """(state, params, extra) the stage starts with. Complete: (None, its last "params", their extra), and it has
+    nothing to train. Else `params` are those it starts from (`init_from`'s, else `ctx.policy`), and the state is
+    restored from the latest checkpoint (`targets`: every item's restore target; made a state by `from_items`)
+    with that checkpoint's extra, or at step 0 `create(params)` with {} (the old metrics file set aside)."""
+    if self.complete:
+      items, extra = self.restore({"params": targets["params"]})
+      self.log(f"{self.stage}: complete in {self.directory} (step {self.start_step}); loaded, nothing to train")
+      return None, items["params"], extra
+    params = start_params(ctx, init_from, self.stage, self.log)
+    if not self.start_step:
+      self.fresh_metrics()
+      return create(params), params, {}
+    items, extra = self.restore(targets)
+    self.log(f"{self.stage}: resuming from step {self.start_step} of {self.total} ({self.directory})")
+    return from_items(items), params, extra
+
   def restore(self, targets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The latest checkpoint's items and extra; the metrics file is cut back to what it held then."""
     items, extra = self.ckpt.restore(self.start_step, targets)
@@ -161,15 +211,22 @@ class StageRun:
     self.ckpt.save(step, items, record)
     self.skips.last_checkpoint = step
 
-  def finish(self) -> None:
-    """Waits for the last save, then marks the stage complete."""
+  def finish(self, summary: Mapping[str, Any] | None = None) -> None:
+    """Waits for the last save, writes `summary` (if any) to `<stage>_summary.json`, marks the stage complete."""
     self.ckpt.wait()
     if is_main_process():
+      if summary is not None:
+        with open(self.summary_path, "w") as f:
+          json.dump(summary, f, indent=1)
       tmp = os.path.join(self.directory, COMPLETE + ".tmp")
       with open(tmp, "w") as f:
         json.dump({"step": self.ckpt.latest_step()}, f)
       os.replace(tmp, os.path.join(self.directory, COMPLETE))
     self.complete = True
+
+  def read_summary(self) -> dict[str, Any]:
+    """What `finish` wrote; {} when it wrote none."""
+    return json.loads(Path(self.summary_path).read_text()) if os.path.exists(self.summary_path) else {}
 
   def close(self) -> None:
     self.ckpt.close()

@@ -1,0 +1,135 @@
+"""The sections of the "rl" stage: rl (with its kl, value, curriculum and alarms) and eval."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rl_lm.config.run import DTYPES
+from rl_lm.config.section import Section, folder, knob
+
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
+GROUP_ALGORITHMS = ("grpo", "dr_grpo", "rloo")  # compare the samples of a group; score whole sequences
+LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kl(Section):
+  """The KL penalty towards the reference policy."""
+
+  KEY = "rl.kl"
+  placement: str = knob("loss", ("loss", "reward", "none"))  # loss (GRPO) | reward (InstructGPT, PPO) | none
+  estimator: str = knob("k3", ("k1", "k2", "k3"))
+  coef: float = knob(0.01, "[0, inf)")
+  adaptive: bool = False  # Ziegler et al. (2019) proportional controller towards target
+  target: float = knob(0.05, "(0, inf)")  # per-token KL (mean k1 over completion tokens) the adaptive coef aims at
+  horizon: int = knob(10000, "(0, inf)")  # in episodes: the adaptive coefficient moves by at most 20% per horizon
+
+
+@dataclasses.dataclass(frozen=True)
+class Value(Section):
+  """The value head: ppo only."""
+
+  KEY = "rl.value"
+  learning_rate: float = 1e-3  # > 0 (checked for ppo)
+  coef: float = knob(0.5, "[0, inf)")
+  clip: float = knob(0.2, "[0, inf)")  # value clip around the old values; 0: off
+  gamma: float = knob(1.0, "[0, 1]")
+  lam: float = knob(0.95, "[0, 1]")
+  whiten_advantages: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CurriculumConfig(Section):
+  """Which training prompts RL draws (rl_lm.rl.curriculum)."""
+
+  KEY = "rl.curriculum"
+  enabled: bool = True  # False: uniform draws over the open pool, nothing retired or promoted
+  decay: float = knob(0.9, "(0, 1]")  # per-update decay of a prompt's Beta counts
+  floor: float = knob(0.02, "[0, inf)")  # added to every weight, so unseen or extreme prompts still appear
+  retire_above: float = knob(0.95, "[0, 1]")  # pass-rate estimate above which a prompt is retired
+  min_attempts: int = knob(16, "[0, inf)")  # samples of a prompt before it can be retired
+  initial_levels: int = knob(3, "[1, inf)")  # levels open at the start (the easiest ones)
+  promote_above: float = knob(0.6, "[0, 1]")  # mean estimate over the highest open level that opens the next one
+  promote_min_seen: float = knob(0.5, "[0, 1]")  # fraction of the highest open level's prompts seen before promoting
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmConfig(Section):
+  """Thresholds of the run-health alarms in the log (rl_lm.diagnostics.check_alarms)."""
+
+  KEY = "rl.alarms"
+  entropy_min: float = knob(0.02, "[0, inf)")  # policy/entropy (nats per token) below: entropy collapsed; 0: off
+  kl_max: float = knob(1.0, "(0, inf]")  # policy/kl_ref_k3 above: drifted far from the reference; inf: off
+  logprob_gap_max: float = knob(0.1, "(0, inf]")  # offpolicy/logprob_gap_mean_abs above: sampler and trainer disagree
+  sampler_trainer_kl_max: float = knob(math.inf, "(0, inf]")  # offpolicy/sampler_trainer_kl above; inf: off
+  zero_variance_max: float = knob(0.8, "[0, 1]")  # groups/zero_variance_frac above: most groups carry no signal
+  invalid_frac_max: float = knob(0.1, "[0, 1]")  # rollout/invalid_frac above: too many verifier errors
+  truncation_max: float = knob(1.0, "[0, 1]")  # rollout/truncation_rate above: completions hit max_new_tokens
+  is_weight_max: float = knob(math.inf, "(0, inf]")  # offpolicy/is_weight_max above; inf: off
+  check_finite: bool = True  # any NaN or inf metric raises an alarm
+
+
+@dataclasses.dataclass(frozen=True)
+class Rl(Section):
+  """The "rl" stage: one loop for PPO and the GRPO family."""
+
+  KEY, STAGES = "rl", ("rl",)
+  algorithm: str = knob("grpo", ALGORITHMS)
+  steps: int = knob(100, "(0, inf)")
+  prompts_per_step: int = knob(32, "(0, inf)")
+  group_size: int = knob(8, "(0, inf)")  # samples per prompt (G); rows per step = prompts_per_step * group_size
+  max_prompt_len: int = knob(16, "(0, inf)")  # prompt slots of the sampler (bos included)
+  epochs: int = knob(1, "(0, inf)")  # passes over each step's batch
+  minibatches: int = knob(1, "(0, inf)")  # optimizer steps per epoch
+  grad_accum: int = knob(1, "(0, inf)")  # micro-batches per optimizer step
+  learning_rate: float = knob(1e-3, "(0, inf)")
+  warmup_steps: int = knob(0, "[0, inf)")
+  weight_decay: float = knob(0.0, "[0, inf)")
+  grad_clip: float = knob(1.0, "[0, inf)")  # global-norm clip of the gradients; 0: off
+  clip_low: float = knob(0.2, "(0, 1)")  # ratio clip below 1 - clip_low
+  clip_high: float = knob(0.2, "(0, inf)")  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
+  dual_clip: float = 0.0  # dual-clip constant for negative advantages (> 1), 0: off
+  loss_mode: str = knob("token-mean", LOSS_MODES)
+  norm_constant: int = knob(0, "[0, inf)")  # seq-mean-token-sum-norm divisor; 0: sampling.max_new_tokens
+  scale_by_std: bool = True  # grpo: divide by the group std (False is Dr. GRPO)
+  entropy_coef: float = knob(0.0, "[0, inf)")
+  tis_cap: float = 2.0  # truncated importance sampling cap C (>= 1) on exp(trainer_old - sampler); 0: off
+  sampler_dtype: str = knob("", ("",) + DTYPES)  # sampler compute dtype ("" = model.dtype); bfloat16 samples cheaper
+  dynamic_sampling: bool = False  # drop zero-variance groups and refill the batch (DAPO)
+  max_extra_rollouts: int = knob(2, "[0, inf)")  # extra sampling rounds dynamic sampling may spend per step
+  overlong: str = knob("none", ("none", "mask", "penalty"))  # truncated completions: out of the gradient, DAPO soft
+  overlong_buffer: int = knob(4, "[0, inf)")  # penalty ramps over the last this-many tokens of the budget
+  overlong_penalty: float = knob(1.0, "[0, inf)")  # penalty at the budget
+  kl: Kl = dataclasses.field(default_factory=Kl)
+  value: Value = dataclasses.field(default_factory=Value)
+  curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
+  alarms: AlarmConfig = dataclasses.field(default_factory=AlarmConfig)
+  log_every: int = knob(1, "(0, inf)")
+  init_from: str = knob("", folder)  # checkpoint folder RL starts from (<run>/checkpoints/sft); "": the stage before
+
+  def check(self) -> None:
+    group = self.algorithm in GROUP_ALGORITHMS
+    self.require(not group or self.group_size >= 2, "group_size",
+                 f"{self.algorithm} compares samples within a group: needs >= 2, got {self.group_size}")
+    rows, per_update = self.prompts_per_step * self.group_size, self.minibatches * self.grad_accum
+    self.require(rows % per_update == 0, "minibatches",
+                 f"rows per step ({rows}) must split into minibatches * grad_accum = {per_update} equal parts")
+    self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"must be 0 or > 1, got {self.dual_clip}")
+    self.require(self.tis_cap == 0 or self.tis_cap >= 1, "tis_cap", f"must be 0 or >= 1, got {self.tis_cap}")
+    self.require(not group or self.kl.placement != "reward", "kl.placement",
+                 f"{self.algorithm} scores whole sequences; put the KL in the loss ('loss') or turn it off ('none')")
+    self.require(self.algorithm != "ppo" or self.value.learning_rate > 0, "value.learning_rate",
+                 f"must be > 0, got {self.value.learning_rate}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval(Section):
+  """Held-out evaluation: before RL, every `every` steps, after."""
+
+  KEY, STAGES = "eval", ("rl",)
+  every: int = knob(0, "[0, inf)")  # 0: only before and after
+  num_samples: int = knob(16, "(0, inf)")  # n samples per problem for pass@k, k = 1, 2, 4, ... n
+  temperature: float = knob(1.0, "(0, inf)")
+  greedy: bool = True  # also greedy accuracy
+  rows: int = knob(512, "(0, inf)")  # sampler batch rows for evaluation
