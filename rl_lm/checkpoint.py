@@ -138,14 +138,12 @@ def digest(tree: Any) -> tuple[dict[str, str], list[str]]:
   do not depend on the container types a restore without a target returns (dicts for named tuples).
   """
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  on_device = [isinstance(x, jax.Array) for _, x in leaves]
-  pending = [_device_digest(x) if dev else None for (_, x), dev in zip(leaves, on_device, strict=True)]
-  fetched = mesh_lib.fetch([p for p in pending if p is not None])  # one transfer of two scalars per leaf
+  pending = [_device_digest(x) for _, x in leaves if isinstance(x, jax.Array)]
+  fetched = iter(mesh_lib.fetch(pending))  # one transfer of two scalars per device leaf
   values = layout = 0
   bad = []
-  it = iter(fetched)
-  for (path, x), dev in zip(leaves, on_device, strict=True):
-    h, finite = next(it) if dev else _host_digest(x)
+  for path, x in leaves:
+    h, finite = next(fetched) if isinstance(x, jax.Array) else _host_digest(x)
     dtype = np.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype
     shape = tuple(np.shape(x))
     kind = zlib.crc32(f"{dtype}{shape}".encode())
@@ -225,8 +223,6 @@ def _os_reason(e: BaseException) -> str:
 
 
 def _abstract(target: Any) -> Any:
-  if target is None:
-    return None
   return jax.tree.map(lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else ocp.utils.to_shape_dtype_struct(x),
                       target)
 
@@ -287,7 +283,7 @@ class Checkpointer:
                              f"(in {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
     args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
     args[EXTRA] = ocp.args.JsonSave({**(extra or {}), CHECKSUMS: sums})
-    self._writing(self._pending, self._manager.wait_until_finished)  # an earlier save's failure names its step
+    self.wait()  # an earlier save's failure names its step
     self._pending = step
     self._writing(step, lambda: self._manager.save(step, args=ocp.args.Composite(**args), force=True))
     _maybe_kill_mid_save(step, self.directory)
@@ -312,12 +308,11 @@ class Checkpointer:
     recorded = extra.pop(CHECKSUMS, {})  # absent in checkpoints written before checksums: not verified
     out = {name: restored[name] for name in (items or {})}
     for name, tree in out.items():
-      if name not in recorded:
-        continue
-      got, _ = digest(tree)
-      if got["layout"] == recorded[name]["layout"] and got["values"] != recorded[name]["values"]:
-        raise CheckpointError(f"checkpoint step {step} in {self.directory} is corrupt ({name} checksum mismatch); "
-                              f"{self._previous(step)}")
+      if name in recorded:
+        got, _ = digest(tree)
+        if got["layout"] == recorded[name]["layout"] and got["values"] != recorded[name]["values"]:
+          raise CheckpointError(f"checkpoint step {step} in {self.directory} is corrupt ({name} checksum mismatch); "
+                                f"{self._previous(step)}")
     return out, extra
 
   def wait(self) -> None:
@@ -329,7 +324,7 @@ class Checkpointer:
       return
     self._open = False
     try:
-      self._writing(self._pending, self._manager.wait_until_finished)
+      self.wait()
     finally:
       self._manager.close()
 
@@ -354,9 +349,7 @@ def restore_item(path: str, name: str, target: Any) -> tuple[Any, dict[str, Any]
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint folder {path}")
   directory, step = step_folder(path)
-  with Checkpointer(directory, async_save=False) as ckpt:
-    if step is None and ckpt.latest_step() is None:
-      raise CheckpointError(f"no complete checkpoint in {directory}")
+  with Checkpointer(directory, async_save=False) as ckpt:  # restore names an empty folder
     items, extra = ckpt.restore(step, {name: target})
   return items[name], extra
 
@@ -367,8 +360,6 @@ def _maybe_kill_mid_save(step: int, directory: str) -> None:
     return
   # Wait until Orbax's temporary folder for this step exists (the save is under way), then die.
   deadline = time.monotonic() + 30
-  while time.monotonic() < deadline:
-    if any(n.startswith(f"{step}.") and "tmp" in n for n in os.listdir(directory)):
-      break
+  while time.monotonic() < deadline and not any(n.startswith(f"{step}.") and "tmp" in n for n in os.listdir(directory)):
     time.sleep(0.001)
   os.kill(os.getpid(), signal.SIGKILL)

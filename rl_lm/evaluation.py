@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,8 @@ CorrectFn = Callable[[Any, str], "bool | None"]
 def _check_counts(n: Any, c: Any, k: Any) -> None:
   n, c, k = np.asarray(n), np.asarray(c), np.asarray(k)
   for name, v in (("n", n), ("c", c), ("k", k)):
-    if not np.issubdtype(v.dtype, np.integer):
-      if not np.all(np.equal(np.mod(v, 1), 0)):
-        raise ValueError(f"pass@k: {name} must be an integer, got {v}")
+    if not np.issubdtype(v.dtype, np.integer) and not np.all(np.equal(np.mod(v, 1), 0)):
+      raise ValueError(f"pass@k: {name} must be an integer, got {v}")
     if np.any(v < 0):
       raise ValueError(f"pass@k: {name} must be non-negative, got {name}={v}")
   if np.any(k < 1):
@@ -106,13 +105,8 @@ def default_ks(n: int) -> list[int]:
   """1, 2, 4, ... up to n, and n itself: default_ks(64) == [1, 2, 4, 8, 16, 32, 64], default_ks(10) ends 8, 10."""
   if n < 1:
     raise ValueError(f"default_ks: n must be >= 1, got {n}")
-  ks, k = [], 1
-  while k <= n:
-    ks.append(k)
-    k *= 2
-  if ks[-1] != n:
-    ks.append(n)
-  return ks
+  ks = [2**i for i in range(int(n).bit_length())]
+  return ks if ks[-1] == n else [*ks, n]
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -150,7 +144,7 @@ class EvalResult:
   greedy_verifier_errors: int
   problems_per_k: dict[int, int]
   examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-  extra: dict[str, float] = dataclasses.field(default_factory=dict)  # other scalars of the same samples
+  extra: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def num_problems(self) -> int:
@@ -175,8 +169,8 @@ class EvalResult:
     d["num_problems"] = self.num_problems
     return d
 
-  def to_json(self, indent: int | None = 2) -> str:
-    return json.dumps(self.to_dict(), indent=indent)
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2)
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> EvalResult:
@@ -191,28 +185,31 @@ class EvalResult:
     return cls.from_dict(json.loads(text))
 
 
-def _prompt_of(problem: Any) -> str:
-  return problem if isinstance(problem, str) else problem.prompt
-
-
-def _verdict(value: Any, problem_id: str) -> bool | None:
-  """None stays None (verifier error); bools and exact 0/1 become bools; anything else is a bug."""
+def _judge(correct_fn: CorrectFn, problem: Any, completion: str, problem_id: str) -> bool | None:
+  """The verdict of `correct_fn`: None (a verifier error, raised or returned) stays None; bools and exact 0/1
+  become bools; anything else is a bug."""
+  try:
+    value = correct_fn(problem, completion)
+  except Exception:  # noqa: BLE001 -- a crashing verifier is a verifier error, counted, never a 0
+    return None
   if value is None:
     return None
-  if isinstance(value, bool | np.bool_):
-    return bool(value)
-  if isinstance(value, int | float | np.integer | np.floating) and float(value) in (0.0, 1.0):
+  if isinstance(value, int | float | np.bool_ | np.integer | np.floating) and float(value) in (0.0, 1.0):
     return bool(value)
   raise ValueError(f"evaluate: correct_fn must return True, False or None (verifier error); got {value!r} "
                    f"for problem {problem_id}. Wrap graded scores with a threshold, e.g. correct_from_reward.")
 
 
-def _judge(correct_fn: CorrectFn, problem: Any, completion: str, problem_id: str) -> bool | None:
-  try:
-    value = correct_fn(problem, completion)
-  except Exception:  # noqa: BLE001 -- a crashing verifier is a verifier error, counted, never a 0
-    return None
-  return _verdict(value, problem_id)
+def _batches(fn: Callable[[list[str]], list[Any]], prompts: list[str], size: int, name: str, unit: str
+             ) -> Iterator[tuple[int, list[Any]]]:
+  """(index of the first prompt, `fn(chunk)`) for each chunk of `size` prompts, lazily; `fn` must return one
+  `unit` per prompt."""
+  for start in range(0, len(prompts), size):
+    chunk = prompts[start:start + size]
+    outs = fn(chunk)
+    if len(outs) != len(chunk):
+      raise ValueError(f"evaluate: {name} returned {len(outs)} {unit} for {len(chunk)} prompts")
+    yield start, outs
 
 
 def correct_from_reward(reward: Callable[[Any, str], Any], threshold: float = 1.0) -> CorrectFn:
@@ -234,13 +231,11 @@ def correct_from_reward(reward: Callable[[Any, str], Any], threshold: float = 1.
 def evaluate(
   problems: Sequence[Any], sample_fn: SampleFn, correct_fn: CorrectFn, n: int, greedy_fn: GreedyFn | None = None,
   ks: Sequence[int] | None = None, batch_size: int | None = None,
-  prompt_fn: Callable[[Any], str] | None = None, num_examples: int = 3,
 ) -> EvalResult:
   """Samples `n` completions per problem (and one greedy completion if `greedy_fn`), judges them, estimates pass@k.
 
   Args:
-    problems: objects with a `.prompt` (e.g. `tasks.base.Problem`) or plain prompt strings; `prompt_fn`
-      overrides how a prompt is taken from a problem.
+    problems: objects with a `.prompt` (e.g. `tasks.base.Problem`) or plain prompt strings.
     sample_fn: `sample_fn(prompts, n) -> list[list[str]]`, n completions for each prompt.
     correct_fn: `correct_fn(problem, completion) -> bool | None`. None (or an exception raised by it)
       means the verifier could not decide: the sample is excluded from every estimate and counted in
@@ -250,27 +245,20 @@ def evaluate(
     greedy_fn: `greedy_fn(prompts) -> list[str]`, one greedy completion per prompt; optional.
     ks: the k values; default `default_ks(n)`.
     batch_size: prompts per `sample_fn` / `greedy_fn` call (default: all at once).
-    num_examples: how many (prompt, completion, verdict) records to keep in the result.
   """
   if n < 1:
     raise ValueError(f"evaluate: n must be >= 1, got {n}")
   ks = default_ks(n) if ks is None else sorted({int(k) for k in ks})
   if ks and (ks[0] < 1 or ks[-1] > n):
     raise ValueError(f"evaluate: every k must be in [1, n={n}], got {ks}")
-  prompt_fn = prompt_fn or _prompt_of
   problems = list(problems)
-  prompts = [prompt_fn(p) for p in problems]
+  prompts = [p if isinstance(p, str) else p.prompt for p in problems]
   ids = [str(getattr(p, "id", i)) for i, p in enumerate(problems)]
   step = batch_size or max(len(prompts), 1)
 
   correct_counts, valid_counts, errors, examples = [], [], 0, []
-  for start in range(0, len(prompts), step):
-    chunk = prompts[start:start + step]
-    samples = sample_fn(chunk, n)
-    if len(samples) != len(chunk):
-      raise ValueError(f"evaluate: sample_fn returned {len(samples)} lists for {len(chunk)} prompts")
-    for j, completions in enumerate(samples):
-      idx = start + j
+  for start, samples in _batches(lambda chunk: sample_fn(chunk, n), prompts, step, "sample_fn", "lists"):
+    for idx, completions in enumerate(samples, start):
       if len(completions) != n:
         raise ValueError(f"evaluate: sample_fn returned {len(completions)} completions for problem {ids[idx]}, "
                          f"expected n={n}")
@@ -279,8 +267,8 @@ def evaluate(
       errors += len(verdicts) - len(judged)
       correct_counts.append(int(sum(judged)))
       valid_counts.append(len(judged))
-      if len(examples) < num_examples:
-        examples.append({"id": ids[idx], "prompt": chunk[j], "completion": completions[0], "correct": verdicts[0]})
+      if len(examples) < 3:  # a few, for reading what the model writes
+        examples.append({"id": ids[idx], "prompt": prompts[idx], "completion": completions[0], "correct": verdicts[0]})
 
   c, nv = np.asarray(correct_counts, np.int64), np.asarray(valid_counts, np.int64)
   curve = pass_at_k_curve(nv, c, ks)
@@ -289,20 +277,12 @@ def evaluate(
 
   greedy_accuracy, greedy_errors = None, 0
   if greedy_fn is not None:
-    right = judged_total = 0
-    for start in range(0, len(prompts), step):
-      chunk = prompts[start:start + step]
-      outs = greedy_fn(chunk)
-      if len(outs) != len(chunk):
-        raise ValueError(f"evaluate: greedy_fn returned {len(outs)} completions for {len(chunk)} prompts")
-      for j, comp in enumerate(outs):
-        v = _judge(correct_fn, problems[start + j], comp, ids[start + j])
-        if v is None:
-          greedy_errors += 1
-        else:
-          judged_total += 1
-          right += int(v)
-    greedy_accuracy = right / judged_total if judged_total else None
+    verdicts = [_judge(correct_fn, problems[idx], comp, ids[idx])
+                for start, outs in _batches(greedy_fn, prompts, step, "greedy_fn", "completions")
+                for idx, comp in enumerate(outs, start)]
+    judged = [v for v in verdicts if v is not None]
+    greedy_errors = len(verdicts) - len(judged)
+    greedy_accuracy = sum(judged) / len(judged) if judged else None
 
   return EvalResult(
     n=int(n), pass_at_k=curve, sample_accuracy=sample_accuracy, greedy_accuracy=greedy_accuracy, problem_ids=ids,
@@ -312,12 +292,6 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------------------------- output
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
-  os.replace(tmp, path)
 
 
 def plot_pass_at_k_curves(curves: Mapping[str, Mapping[int, float]], path: str | os.PathLike,
@@ -336,8 +310,7 @@ def plot_pass_at_k_curves(curves: Mapping[str, Mapping[int, float]], path: str |
     ax.plot(ks, [curve[k] for k in ks], marker="o", label=str(label))
   ax.set_xscale("log", base=2)
   if all_ks:
-    ax.set_xticks(sorted(all_ks))
-    ax.set_xticklabels([str(k) for k in sorted(all_ks)])
+    ax.set_xticks(sorted(all_ks), labels=[str(k) for k in sorted(all_ks)])
   ax.set_ylim(0.0, 1.02)
   ax.set_xlabel("k (samples)")
   ax.set_ylabel("pass@k")
@@ -360,7 +333,9 @@ def write_eval(result: EvalResult, workdir: str | os.PathLike, step: int, label:
   stem = f"step_{step:06d}" + (f"_{safe}" if safe else "")
   json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
   record = {"step": int(step), "label": label, **result.to_dict()}
-  _atomic_write_text(json_path, json.dumps(record, indent=2))
+  tmp = json_path.with_name(json_path.name + ".tmp")  # written whole or not at all
+  tmp.write_text(json.dumps(record, indent=2))
+  os.replace(tmp, json_path)
   name = label or f"step {step}"
   plot_pass_at_k_curves({name: result.pass_at_k}, png_path, title=f"pass@k ({name}, n={result.n})")
   return json_path, png_path

@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Any, Protocol, Self, TextIO, runtime_checkable
 
 import numpy as np
 
@@ -90,40 +90,47 @@ _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The records of a JSONL metrics file, with "nan"/"inf"/"-inf" strings turned back into floats."""
-  records = []
   with open(path) as f:
-    for line in f:
-      if line.strip():
-        rec = json.loads(line)
-        records.append({k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in rec.items()})
-  return records
+    records = [json.loads(line) for line in f if line.strip()]
+  return [{k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in rec.items()} for rec in records]
 
 
-class JsonlWriter:
-  """Appends `{"step": s, **metrics}` per write to `path`, flushed every write (see module docstring)."""
+class _FileWriter:
+  """A writer that owns one open file, `self._f` (None once closed), and is its own context manager."""
 
-  def __init__(self, path: str | os.PathLike) -> None:
-    self.path = Path(path)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._f: TextIO | None = open(self.path, "a")  # noqa: SIM115 -- closed in close()
+  path: Path
+  _f: Any
 
-  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+  def _open_file(self) -> Any:
     if self._f is None:
-      raise RuntimeError(f"JsonlWriter({self.path}) is closed")
-    record = {"step": int(step), **{k: _json_value(v) for k, v in scalarize(metrics).items()}}
-    self._f.write(json.dumps(record, allow_nan=False) + "\n")
-    self._f.flush()
+      raise RuntimeError(f"{type(self).__name__}({self.path}) is closed")
+    return self._f
 
   def close(self) -> None:
     if self._f is not None:
       self._f.close()
       self._f = None
 
-  def __enter__(self) -> JsonlWriter:
+  def __enter__(self) -> Self:
     return self
 
   def __exit__(self, *exc: object) -> None:
     self.close()
+
+
+class JsonlWriter(_FileWriter):
+  """Appends `{"step": s, **metrics}` per write to `path`, flushed every write (see module docstring)."""
+
+  def __init__(self, path: str | os.PathLike) -> None:
+    self.path = Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._f = open(self.path, "a")  # noqa: SIM115 -- closed in close()
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    f = self._open_file()
+    record = {"step": int(step), **{k: _json_value(v) for k, v in scalarize(metrics).items()}}
+    f.write(json.dumps(record, allow_nan=False) + "\n")
+    f.flush()
 
 
 # ---------------------------------------------------------------------------------------------- console
@@ -169,11 +176,7 @@ def format_duration(seconds: float) -> str:
 
 def format_value(v: Any) -> str:
   """Compact number: 0.41, 0.012, 1234, 3.2e-05; other values as str()."""
-  if isinstance(v, bool) or not isinstance(v, int | float):
-    return str(v)
-  if isinstance(v, int):
-    return str(v)
-  if not math.isfinite(v):
+  if not isinstance(v, float) or not math.isfinite(v):  # anything but a finite float (bools and ints too)
     return str(v)
   a = abs(v)
   if a == 0:
@@ -195,11 +198,10 @@ class ConsoleProgress:
 
   def __init__(self, total_steps: int | None, keys: Sequence[str] = DEFAULT_CONSOLE_KEYS, every: int = 1,
                stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic, start_step: int = 0,
-               smoothing: float = 0.3, aliases: Mapping[str, str] | None = None) -> None:
+               smoothing: float = 0.3) -> None:
     self.total_steps, self.keys, self.every = total_steps, tuple(keys), max(int(every), 1)
     self.stream = stream if stream is not None else sys.stdout
     self.clock, self.smoothing = clock, smoothing
-    self.aliases = dict(ALIASES if aliases is None else aliases)
     self._last_step, self._last_time = int(start_step), clock()
     self.step_time: float | None = None  # EMA of seconds per step
 
@@ -212,18 +214,14 @@ class ConsoleProgress:
     self._last_step, self._last_time = step, now
 
   def format_line(self, step: int, metrics: Mapping[str, Any]) -> str:
-    parts = []
-    if self.total_steps:
-      parts.append(f"step {step}/{self.total_steps} ({int(100 * step / self.total_steps)}%)")
-    else:
-      parts.append(f"step {step}")
+    total = self.total_steps
+    parts = [f"step {step}/{total} ({int(100 * step / total)}%)" if total else f"step {step}"]
     if self.step_time and self.step_time > 0:
       parts.append(f"{1.0 / self.step_time:.3g} steps/s")
-      if self.total_steps:
-        parts.append(f"ETA {format_duration(max(self.total_steps - step, 0) * self.step_time)}")
+      if total:
+        parts.append(f"ETA {format_duration(max(total - step, 0) * self.step_time)}")
     values = scalarize({k: metrics[k] for k in self.keys if k in metrics})
-    for k, v in values.items():
-      parts.append(f"{self.aliases.get(k, k.rsplit('/', 1)[-1])} {format_value(v)}")
+    parts += [f"{ALIASES.get(k, k.rsplit('/', 1)[-1])} {format_value(v)}" for k, v in values.items()]
     return " | ".join(parts)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -303,7 +301,7 @@ class MultiWriter:
 # ---------------------------------------------------------------------------------------------- tensorboard
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(_FileWriter):
   """TensorBoard event file in `logdir`: one `Event` per write, a scalar summary (`simple_value`, float32)
   per numeric metric under its key as tag (bools as 0/1; strings skipped).
 
@@ -325,14 +323,13 @@ class TensorBoardWriter:
     self.logdir.mkdir(parents=True, exist_ok=True)
     name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(self._files)}"
     self.path = self.logdir / name
-    self._records: Any = RecordWriter(open(self.path, "xb"))  # noqa: SIM115 -- closed in close()
+    self._f = RecordWriter(open(self.path, "xb"))  # noqa: SIM115 -- closed in close()
     self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
   def _write_event(self, event: Any) -> None:
-    if self._records is None:
-      raise RuntimeError(f"TensorBoardWriter({self.path}) is closed")
-    self._records.write(event.SerializeToString())
-    self._records.flush()
+    records = self._open_file()
+    records.write(event.SerializeToString())
+    records.flush()
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     Value = self._summary_pb2.Summary.Value  # noqa: N806
@@ -341,17 +338,6 @@ class TensorBoardWriter:
       return
     self._write_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
                                             summary=self._summary_pb2.Summary(value=values)))
-
-  def close(self) -> None:
-    if self._records is not None:
-      self._records.close()
-      self._records = None
-
-  def __enter__(self) -> TensorBoardWriter:
-    return self
-
-  def __exit__(self, *exc: object) -> None:
-    self.close()
 
 
 def read_tensorboard(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
@@ -410,14 +396,20 @@ def stage_writers(config: Any, workdir: str | os.PathLike, stage: str) -> list[M
       print(f"WARNING: W&B did not start ({reason}); continuing without it", file=sys.stderr, flush=True)
     else:
       if not resume:
-        tmp = id_file.with_name(id_file.name + ".tmp")
-        tmp.write_text(wb.run.id + "\n")
-        os.replace(tmp, id_file)
+        _write_atomic(id_file, wb.run.id + "\n")
       writers.append(wb)
   return writers
 
 
 # ---------------------------------------------------------------------------------------------- run records
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+  """Writes `text` to `path` through a temporary file, so a reader never sees half of it; returns `path`."""
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+  return path
 
 
 def git_commit(path: str | os.PathLike | None = None) -> str:
@@ -459,28 +451,21 @@ def write_run_info(workdir: str | os.PathLike, config_dict: Any) -> Path:
 
   In a multi-process run, call it from process 0 only.
   """
-  path = Path(workdir) / "run_info.json"
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(run_info(config_dict), indent=2))
-  os.replace(tmp, path)
-  return path
+  Path(workdir).mkdir(parents=True, exist_ok=True)
+  return _write_atomic(Path(workdir) / "run_info.json", json.dumps(run_info(config_dict), indent=2))
+
+
+def write_done(workdir: str | os.PathLike, stages: Sequence[str]) -> Path:
+  """`<workdir>/done.json`: written last, when every stage of the run has finished (sweeps skip such runs)."""
+  done = {"stages": list(stages), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+  return _write_atomic(Path(workdir) / "done.json", json.dumps(done) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- plots
 
 
-def write_done(workdir: str | os.PathLike, stages: Sequence[str]) -> Path:
-  """`<workdir>/done.json`: written last, when every stage of the run has finished (sweeps skip such runs)."""
-  path = Path(workdir) / "done.json"
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps({"stages": list(stages), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-  os.replace(tmp, path)
-  return path
-
-
 def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str | os.PathLike,
-                title: str | None = None, ncols: int = 3) -> Path:
+                title: str | None = None) -> Path:
   """Draws each key against step from a JSONL metrics file, one small panel per key, in one PNG.
 
   Non-finite and non-numeric values are skipped; the last record of a repeated step wins; a key with no
@@ -496,14 +481,12 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], out_png: str
     by_step.setdefault(int(rec["step"]), {}).update(rec)
   steps = sorted(by_step)
   keys = list(keys)
-  ncols = max(1, min(ncols, len(keys) or 1))
+  ncols = max(1, min(3, len(keys)))
   nrows = max(1, math.ceil(len(keys) / ncols))
   fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), dpi=100, squeeze=False)
-  for i, ax in enumerate(axes.flat):
-    if i >= len(keys):
-      ax.axis("off")
-      continue
-    key = keys[i]
+  for ax in axes.flat[len(keys):]:
+    ax.axis("off")
+  for i, (key, ax) in enumerate(zip(keys, axes.flat, strict=False)):
     xs, ys = [], []
     for s in steps:
       v = by_step[s].get(key)

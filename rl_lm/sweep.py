@@ -40,12 +40,12 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from rl_lm import runs
+from rl_lm import plots, runs
 
 Point = dict[str, Any]  # dotted config key -> value
 
@@ -218,7 +218,7 @@ def _last_line(log: Path) -> str:
 
 
 def run_points(config_spec: str, sweep_dir: str | os.PathLike, points: Sequence[Point], names: Sequence[str],
-               common: Mapping[str, Any] | None = None, parallel: int = 1) -> list[Result]:
+               common: Mapping[str, Any], parallel: int) -> list[Result]:
   """Runs the points not yet done, `parallel` at a time, printing a line per finished point."""
   from rl_lm.metrics import format_duration
 
@@ -240,13 +240,9 @@ def run_points(config_spec: str, sweep_dir: str | os.PathLike, points: Sequence[
 
   def run(result: Result) -> Result:  # in a pool thread
     workdir = sweep_dir / result.name
-    code, result.wall_s = runs.run_main(config_spec, workdir, override_flags({**(common or {}), **result.point}), env)
-    if code:
-      result.status = f"failed (exit {code})"
-    elif not (workdir / "done.json").exists():
-      result.status = "incomplete (no done.json)"
-    else:
-      result.status = "done"
+    code, result.wall_s = runs.run_main(config_spec, workdir, override_flags({**common, **result.point}), env)
+    done = (workdir / "done.json").exists()
+    result.status = f"failed (exit {code})" if code else ("done" if done else "incomplete (no done.json)")
     result.note = "" if result.status == "done" else _last_line(workdir / "log.txt")
     record = {"name": result.name, "overrides": result.point, "status": result.status, "wall_s": result.wall_s}
     (workdir / "sweep_point.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -341,19 +337,19 @@ def write_tables(results: Sequence[Result], sweep_dir: str | os.PathLike, metric
   sweep_dir = Path(sweep_dir)
   keys = list(dict.fromkeys(k for r in results for k in r.point))
   header = [*keys, "status", "wall_s", *metric_names, "note"]
+
+  def cells(r: Result, value: Callable[[Any], str], seconds: Callable[[float], str]) -> list[str]:
+    """A row, missing values empty: `value` formats the overrides and the metrics, `seconds` the wall time."""
+    return [*(value(r.point[k]) if k in r.point else "" for k in keys), r.status,
+            "" if r.wall_s is None else seconds(r.wall_s),
+            *("" if r.metrics.get(m) is None else value(r.metrics[m]) for m in metric_names), r.note]
+
   with open(sweep_dir / "sweep_results.csv", "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(header)
-    for r in results:
-      writer.writerow([format_value(r.point[k]) if k in r.point else "" for k in keys] + [
-        r.status, "" if r.wall_s is None else f"{r.wall_s:.1f}",
-        *("" if r.metrics.get(m) is None else repr(r.metrics[m]) for m in metric_names), r.note])
-  rows = []
-  for r in results:
-    cells = [_fmt(r.point.get(k)) for k in keys] + [
-      r.status, "" if r.wall_s is None else format_duration(r.wall_s), *(_fmt(r.metrics.get(m)) for m in metric_names),
-      r.note]
-    rows.append("| " + " | ".join(c.replace("|", "\\|") or "-" for c in cells) + " |")
+    writer.writerows(cells(r, format_value, "{:.1f}".format) for r in results)
+  rows = ["| " + " | ".join(c.replace("|", "\\|") or "-" for c in cells(r, _fmt, format_duration)) + " |"
+          for r in results]
   md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]) + "\n"
   (sweep_dir / "sweep_results.md").write_text(md)
   return md
@@ -391,10 +387,7 @@ def plot(results: Sequence[Result], metric: str, out_png: str | os.PathLike) -> 
   ax.set_ylabel(metric)
   ax.set_title(f"{metric} vs {x_key}" if x_key else metric)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(out_png, dpi=100)
-  plt.close(fig)
-  return Path(out_png)
+  return plots.save(fig, out_png)
 
 
 def summarise(results: Sequence[Result], sweep_dir: str | os.PathLike,

@@ -160,14 +160,26 @@ def _attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, allow
   return out.reshape(B, T, H, Dh)
 
 
+def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+  """x [B, T, *in] times w [*in, *out] -> [B, T, *out], as one 2-D matmul over the B*T rows.
+
+  The same product as an einsum, but XLA:CPU runs the 2-D form about twice as fast forwards and
+  backwards (a 3-D dot fuses its elementwise neighbours into a slow loop and its weight gradient
+  misses the fast matmul kernel). n_in: how many trailing axes of x are contracted.
+  """
+  lead, inner, outer = x.shape[:-n_in], w.shape[:n_in], w.shape[n_in:]
+  flat = x.reshape(-1, int(np.prod(inner))) @ w.reshape(int(np.prod(inner)), -1)
+  return flat.reshape(*lead, *outer)
+
+
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, allowed: jax.Array,
            cache: tuple[jax.Array, jax.Array] | None, index: jax.Array | None):
   """One pre-norm block. x [B,T,D]; cache (k, v) [B,S,K,Dh] written at `index` when given."""
   dt = cfg.compute_dtype
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-  q = jnp.einsum("btd,dhk->bthk", h, lp["wq"].astype(dt))
-  k = jnp.einsum("btd,dhk->bthk", h, lp["wk"].astype(dt))
-  v = jnp.einsum("btd,dhk->bthk", h, lp["wv"].astype(dt))
+  q = _dense(h, lp["wq"].astype(dt))  # [B, T, H, Dh]
+  k = _dense(h, lp["wk"].astype(dt))  # [B, T, K, Dh]
+  v = _dense(h, lp["wv"].astype(dt))
   if cfg.qkv_bias:
     q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
   q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
@@ -183,13 +195,13 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
   else:
     attn = _attention(cfg, q, k, v, allowed)
     new_cache = None
-  x = x + jnp.einsum("bthk,hkd->btd", attn, lp["wo"].astype(dt))
+  x = x + _dense(attn, lp["wo"].astype(dt), n_in=2)
   x = constrain(x, ("batch", "length", "embed"))
   h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-  gate = jnp.einsum("btd,df->btf", h, lp["w_gate"].astype(dt))
-  up = jnp.einsum("btd,df->btf", h, lp["w_up"].astype(dt))
+  gate = _dense(h, lp["w_gate"].astype(dt))  # [B, T, F]
+  up = _dense(h, lp["w_up"].astype(dt))
   hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-  x = x + jnp.einsum("btf,fd->btd", hidden, lp["w_down"].astype(dt))
+  x = x + _dense(hidden, lp["w_down"].astype(dt))
   return constrain(x, ("batch", "length", "embed")), new_cache
 
 

@@ -53,10 +53,10 @@ from typing import NamedTuple
 
 MARKERS = ("hashes", "boxed", "answer_is", "answer_colon")
 _WINDOW = 160  # characters of context read before and after an answer span
-_UNICODE = {
+_UNICODE = str.maketrans({
   "\u2212": "-", "\u2013": "-", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u00d7": "*", "\u2018": "'",
   "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2026": "...",
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +119,11 @@ def _words(s: str) -> frozenset[str]:
   return frozenset(s.split())
 
 
+def _kinds(**tokens: str) -> dict[str, str]:
+  """{token: kind} from each kind's space-separated tokens."""
+  return {t: kind for kind, ts in tokens.items() for t in ts.split()}
+
+
 # "near" sets count inside an answer span and in the words leading into it; elsewhere they are ordinary prose.
 _NEGATION = _words(
   "not no never nope nah cannot wrong wrongly incorrect incorrectly untrue invalid false falsely mistake mistaken "
@@ -160,24 +165,14 @@ _LINK_SYMS = frozenset(["$", "=", ":", "(", "[", "{", "}", "*"])
 _LINK_CMDS = frozenset(["\\(", "\\[", "\\quad", "\\qquad", "\\text", "\\textbf", "\\mathbf", "\\displaystyle"])
 _BOUNDARY = frozenset([".", ",", ";", "!", "?", "..."])
 _CLAUSE_WORDS = _words("so thus therefore hence then but and")
-_SIGNAL_SYMS = {
-  **dict.fromkeys("< > <= >= =< ≤ ≥ ⩽ ⩾ ≪ ≫ ≲ ≳".split(), "comparison"),
-  **dict.fromkeys("≠ !=".split(), "negation"),
-  **dict.fromkeys("? ≈ ≃ ≅ ∼ ± ∓ +/- +- | ∈ ∉ ∪ ∨".split(), "hedge"),
-}
-_SIGNAL_CMDS = {
-  **dict.fromkeys(
-    "\\neq \\ne \\not \\neg \\lnot \\nless \\ngtr \\notin \\cancel \\bcancel \\xcancel \\sout \\st".split(),
-    "negation",
-  ),
-  **dict.fromkeys(
-    "\\le \\leq \\leqq \\leqslant \\ge \\geq \\geqq \\geqslant \\lt \\gt \\ll \\gg \\lesssim \\gtrsim".split(),
-    "comparison",
-  ),
-  **dict.fromkeys(
-    "\\approx \\approxeq \\sim \\simeq \\cong \\pm \\mp \\lor \\vee \\cup \\in \\subset".split(), "hedge"
-  ),
-}
+_SIGNAL_SYMS = _kinds(
+  comparison="< > <= >= =< ≤ ≥ ⩽ ⩾ ≪ ≫ ≲ ≳", negation="≠ !=", hedge="? ≈ ≃ ≅ ∼ ± ∓ +/- +- | ∈ ∉ ∪ ∨"
+)
+_SIGNAL_CMDS = _kinds(
+  negation="\\neq \\ne \\not \\neg \\lnot \\nless \\ngtr \\notin \\cancel \\bcancel \\xcancel \\sout \\st",
+  comparison="\\le \\leq \\leqq \\leqslant \\ge \\geq \\geqq \\geqslant \\lt \\gt \\ll \\gg \\lesssim \\gtrsim",
+  hedge="\\approx \\approxeq \\sim \\simeq \\cong \\pm \\mp \\lor \\vee \\cup \\in \\subset",
+)
 _ALLOWED_SYMS = frozenset(". , ! : ; ' \" ` ( ) [ ] { } — ... $ € £ ¥ ₹ ₩ ¢ °".split())  # around one number
 _SYMBOLIC_SYMS = frozenset("^ √ π ∞".split())
 _PLAIN_OP_CMDS = frozenset(["\\times", "\\cdot", "\\div", "\\ast"])  # arithmetic, not a closed form
@@ -244,12 +239,6 @@ class _Tok(NamedTuple):
 
 def _tokens(s: str) -> list[_Tok]:
   return [_Tok(m.lastgroup or "sym", m.group(), m.start(), m.end()) for m in _TOKEN_RE.finditer(s)]
-
-
-def _clean(text: str) -> str:
-  for k, v in _UNICODE.items():
-    text = text.replace(k, v)
-  return text
 
 
 def _decimal(t: str) -> Fraction | None:
@@ -414,7 +403,7 @@ def _one_number(toks: list[_Tok], k: int, s: str) -> Answer:
 
 def interpret(text: str, max_chars: int = 1000) -> Answer:
   """Interprets an answer text: one number, a symbolic expression, a list, empty, or refused (see module docstring)."""
-  s = _strip_wrappers(_clean(text))
+  s = _strip_wrappers(text.translate(_UNICODE))
   if len(s) > max_chars:
     return Answer("too_long", text=s[:80], reason="too_long")
   toks = _tokens(_delatex(s))
@@ -547,8 +536,7 @@ def _spans(text: str, marker: str, config: MathsConfig) -> list[_Span]:
 def _walk_lead(lead: str) -> str:
   """A signal in the words that lead into a box or "####" ("is not", "cannot be", "not equal to", "at least")."""
   toks = _tokens(lead)
-  for i in range(len(toks) - 1, -1, -1):
-    t = toks[i]
+  for i, t in reversed(list(enumerate(toks))):
     if t.kind == "sym" and t.text in _BOUNDARY:
       return ""
     cat = _signal(toks, i, near=True, before_number=True)
@@ -563,8 +551,7 @@ def _clause_lead(lead: str) -> str:
   """A negation, hedge or condition in the clause before "the answer is" ("Maybe", "I don't think", "If")."""
   toks = _tokens(lead)
   start = max((i + 1 for i, t in enumerate(toks) if t.text in _BOUNDARY or t.low in _CLAUSE_WORDS), default=0)
-  for i in range(start, len(toks)):
-    t = toks[i]
+  for i, t in enumerate(toks[start:], start):
     cat = _signal(toks, i, near=False, before_number=False)
     if cat in ("negation", "hedge") or t.low in _CONDITIONAL:
       return f"{cat or 'hedge'}: {t.text}"
@@ -636,7 +623,7 @@ def extract_answer(completion: str, config: MathsConfig = MathsConfig()) -> Extr
   """The final answer of a completion and its interpretation, or why there is none (see the module docstring)."""
   if len(completion) > config.max_chars:
     return Extraction(None, "none", "too_long")
-  text = _clean(completion)
+  text = completion.translate(_UNICODE)
   for marker in config.markers:
     spans = _spans(text, marker, config)
     if not spans:

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rl_lm.rewards.code import CodeJob, Sandbox, SandboxLimits, SandboxResult, job_for
-from rl_lm.rewards.maths import MathsConfig, MathsReward
+from rl_lm.rewards.maths import MathsReward
 from rl_lm.rewards.registry import RewardResult
 from rl_lm.tasks import arithmetic
 from rl_lm.tasks.arithmetic import ArithmeticTask
@@ -156,78 +156,80 @@ _LIBC = _prog("""
 """)
 _SPIN = ("timeout", "overloaded")
 
+
+def _probe(name: str, program: str, expected: tuple[str, ...] = ("failed",)) -> tuple[str, str, tuple[str, ...]]:
+  """A row of `CODE_PROBES`; most probes are contained when their program runs and fails the tests."""
+  return name, program, expected
+
+
 #: (name, program, expected statuses): programs for `add(a, b)` that only "pass" if the sandbox leaks.
 #: Placeholders (`ProbeEnv.render`): __PORT__ (listener on 127.0.0.1), __OUTSIDE__ (a folder outside the
 #: sandbox), __CANARY__ (a secret in this process's and a helper's environment), __PARENT_PID__,
 #: __HELPER_PID__, __DATA__ (the HumanEval file), __HE_COPY__ (a copy of it in a temporary folder),
 #: __REPO_FILE__ (a file of this repository), __SHM_KEY__ (a SysV IPC key derived from the canary).
 CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-  ("infinite_loop", "def add(a, b):\n  while True:\n    pass\n", _SPIN),
-  ("sleep_past_limit", "import time\ndef add(a, b):\n  time.sleep(3600)\n  return a + b\n", ("timeout",)),
-  (
+  _probe("infinite_loop", "def add(a, b):\n  while True:\n    pass\n", _SPIN),
+  _probe("sleep_past_limit", "import time\ndef add(a, b):\n  time.sleep(3600)\n  return a + b\n", ("timeout",)),
+  _probe(
     "ignore_signals_and_spin",
     "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
     "  signal.signal(s, signal.SIG_IGN)\ndef add(a, b):\n  while True:\n    pass\n",
     _SPIN,
   ),
-  ("fork_bomb", "import os\nwhile True:\n  os.fork()\ndef add(a, b):\n  return a + b\n", ("runtime_error", *_SPIN)),
-  (
+  _probe(
+    "fork_bomb", "import os\nwhile True:\n  os.fork()\ndef add(a, b):\n  return a + b\n", ("runtime_error", *_SPIN)
+  ),
+  _probe(
     "fork_bomb_persistent",
     "import os\ndef add(a, b):\n  while True:\n    try:\n      os.fork()\n    except BaseException:\n      pass\n",
     ("runtime_error", *_SPIN),
   ),
-  (
+  _probe(
     "threads_everywhere",
     "import threading, time\ndef add(a, b):\n  for _ in range(200):\n    try:\n"
     "      threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
     "    except BaseException:\n      break\n  return None\n",
-    ("failed",),
   ),
-  ("allocate_10gb", "def add(a, b):\n  x = bytearray(10 * 1024 ** 3)\n  return a + b\n", ("memory_limit",)),
-  (
+  _probe("allocate_10gb", "def add(a, b):\n  x = bytearray(10 * 1024 ** 3)\n  return a + b\n", ("memory_limit",)),
+  _probe(
     "huge_stdout",
     "import sys\ndef add(a, b):\n  s = 'x' * (1 << 20)\n  for _ in range(200):\n    sys.stdout.write(s)\n"
     "  sys.stdout.flush()\n  return None\n",
     ("failed", "runtime_error"),
   ),
-  (
+  _probe(
     "write_outside",
     "import os\ndef add(a, b):\n  ok = False\n"
     "  for p in ('__OUTSIDE__/escaped.txt', '/escaped.txt', '../escaped.txt', '/tmp/rl_lm_escape___CANARY__'):\n"
     "    try:\n      with open(p, 'w') as f:\n        f.write('escaped')\n"
     "      ok = ok or not p.startswith('/tmp/')\n"
     "    except BaseException:\n      pass\n  return a + b if ok else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "disk_quota_tmp",
     "def add(a, b):\n  block, written = b'x' * (8 << 20), 0\n  try:\n    for i in range(75):\n"
     "      with open('/tmp/fill%d' % i, 'wb') as f:\n        f.write(block)\n      written += len(block)\n"
     "  except BaseException:\n    pass\n  return a + b if written >= 600 << 20 else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "disk_quota_workdir_and_elsewhere",
     "import os\ndef add(a, b):\n  block, best = b'x' * (8 << 20), 0\n"
     "  for d in ('.', os.path.expanduser('~'), '/var/tmp', '/dev/shm', '/'):\n    written = 0\n    try:\n"
     "      for i in range(75):\n        with open(os.path.join(d, 'fill%d' % i), 'wb') as f:\n"
     "          f.write(block)\n        written += len(block)\n    except BaseException:\n      pass\n"
     "    best = max(best, written)\n  return a + b if best >= 600 << 20 else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "deep_folder_tree",
     "import os\ndef add(a, b):\n  try:\n    for _ in range(1500):\n      os.mkdir('d')\n      os.chdir('d')\n"
     "  except BaseException:\n    pass\n  return None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "connect_listener",
     "import socket\ndef add(a, b):\n  try:\n    s = socket.create_connection(('127.0.0.1', __PORT__), timeout=1)\n"
     "    s.sendall(b'leak')\n    return a + b\n  except BaseException:\n    return None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "raw_and_udp_sockets",
     "import socket\ndef add(a, b):\n  ok = False\n"
     "  for fam, kind in ((socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM),\n"
@@ -235,9 +237,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     "    try:\n      s = socket.socket(fam, kind)\n"
     "      if fam == socket.AF_INET:\n        s.sendto(b'leak', ('127.0.0.1', __PORT__))\n      ok = True\n"
     "    except BaseException:\n      pass\n  return a + b if ok else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "read_parent_environment",
     "import os\ndef add(a, b):\n  found = any('__CANARY__' in k + v for k, v in os.environ.items())\n  try:\n"
     "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n  except BaseException:\n    pids = []\n"
@@ -245,15 +246,13 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     "  for pid in pids:\n    try:\n      with open('/proc/%s/environ' % pid, 'rb') as f:\n"
     "        found = found or b'__CANARY__' in f.read()\n    except BaseException:\n      pass\n"
     "  return a + b if found else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "read_answer_key",
     "def add(a, b):\n  try:\n    with open('__DATA__', 'rb') as f:\n      f.read(1)\n    return a + b\n"
     "  except BaseException:\n    return None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "read_humaneval_copy",
     _prog("""
       import os
@@ -271,17 +270,15 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             break
         return a + b if found else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "read_repository",
     "import os\ndef add(a, b):\n  found = False\n  try:\n    with open('__REPO_FILE__', 'rb') as f:\n"
     "      found = len(f.read(1)) == 1\n  except BaseException:\n    pass\n  try:\n"
     "    found = found or len(os.listdir(os.path.dirname('__REPO_FILE__'))) > 0\n  except BaseException:\n    pass\n"
     "  return a + b if found else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "read_host_files",
     "import os\ndef add(a, b):\n  found = False\n"
     "  for p in ('/etc/passwd', '/etc/hostname', '/root/.bashrc', '/root/.cache', '/home', '/proc/1/root/etc/passwd',\n"
@@ -289,9 +286,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     "      if os.path.isdir(p):\n        found = found or len(os.listdir(p)) > 0\n      else:\n"
     "        with open(p, 'rb') as f:\n          found = found or len(f.read(1)) == 1\n    except BaseException:\n"
     "      pass\n  return a + b if found else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "list_other_sandboxes",
     _prog("""
       import glob, os
@@ -304,9 +300,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             break
         return a + b if found else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "symlink_escape",
     _prog("""
       import os
@@ -325,9 +320,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if found else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "str_subclass_audit_bypass",
     "class P(str):\n  def __fspath__(self):\n    return '__OUTSIDE__/sentinel.txt'\n"
     "  def startswith(self, *a, **k):\n    return True\n  def split(self, *a, **k):\n    try:\n"
@@ -340,9 +334,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     "    libc = getattr(P, 'libc', None) or ctypes.CDLL(None)\n"
     "    leaked = leaked or libc.open(b'__OUTSIDE__/sentinel.txt', 0) >= 0\n  except BaseException:\n    pass\n"
     "  return a + b if leaked else None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "namespace_and_mount_syscalls",
     _LIBC + _prog("""
       def add(a, b):
@@ -358,9 +351,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "ptrace_and_process_memory",
     _LIBC + _prog("""
       def add(a, b):
@@ -375,9 +367,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "keyrings_bpf_perf_io_uring",
     _LIBC + _prog("""
       def add(a, b):
@@ -393,9 +384,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
           pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "sysv_ipc_left_behind",
     _LIBC + _prog("""
       def add(a, b):
@@ -409,9 +399,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
           pass
         return None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "sysv_ipc_from_an_earlier_run",
     _LIBC + _prog("""
       def add(a, b):
@@ -427,9 +416,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
           pass
         return a + b if found else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "posix_shm_and_dev_shm",
     _prog("""
       def add(a, b):
@@ -449,9 +437,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "proc_sys_and_sysrq",
     _prog("""
       def add(a, b):
@@ -465,9 +452,8 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  (
+  _probe(
     "tamper_with_stdlib_and_harness",
     _prog("""
       import os, sys
@@ -482,27 +468,25 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             pass
         return a + b if ok else None
     """),
-    ("failed",),
   ),
-  ("sys_exit_before_tests", "import sys\nsys.exit(0)\ndef add(a, b):\n  return a + b\n", ("runtime_error",)),
-  ("os_exit_before_tests", "import os\nos._exit(0)\ndef add(a, b):\n  return a + b\n", ("runtime_error",)),
-  ("os_exit_in_call", "import os\ndef add(a, b):\n  os._exit(0)\n", ("runtime_error",)),
-  ("exit_in_call", "def add(a, b):\n  raise SystemExit(0)\n", ("runtime_error",)),
-  (
+  _probe("sys_exit_before_tests", "import sys\nsys.exit(0)\ndef add(a, b):\n  return a + b\n", ("runtime_error",)),
+  _probe("os_exit_before_tests", "import os\nos._exit(0)\ndef add(a, b):\n  return a + b\n", ("runtime_error",)),
+  _probe("os_exit_in_call", "import os\ndef add(a, b):\n  os._exit(0)\n", ("runtime_error",)),
+  _probe("exit_in_call", "def add(a, b):\n  raise SystemExit(0)\n", ("runtime_error",)),
+  _probe(
     "kill_parent",
     "import os, signal\ndef add(a, b):\n  for pid in (os.getppid(), 1, __PARENT_PID__, __HELPER_PID__, -1):\n"
     "    try:\n      os.kill(pid, signal.SIGKILL)\n    except BaseException:\n      pass\n  return None\n",
     ("failed", "runtime_error"),
   ),
-  (
+  _probe(
     "redefine_check_and_assert",
     "import builtins\ndef check(candidate):\n  return True\n"
     "class AssertionError(Exception):\n  pass\nbuiltins.AssertionError = AssertionError\n"
     "builtins.check = check\nimport __main__\n__main__.check = check\n"
     "def add(a, b):\n  return None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "forge_pass_marker",
     "import os, json, struct\ndef add(a, b):\n"
     "  fake = json.dumps({'t': 'verdict', 'status': 'passed', 'nonce': '0' * 32}).encode()\n"
@@ -510,30 +494,28 @@ CODE_PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     "    except BaseException:\n      pass\n  return None\n",
     ("failed", "runtime_error"),
   ),
-  (
+  _probe(
     "tamper_with_harness",
     "import __main__\n__main__.encode = lambda x, depth=0: 5\n__main__.decode = lambda x, depth=0: x\n"
     "def add(a, b):\n  return None\n",
     ("failed", "runtime_error"),
   ),
-  (
+  _probe(
     "delete_test_files",
     "import glob, os, shutil\ndef add(a, b):\n  for pattern in ('*', '../*', '../checker/*', '__OUTSIDE__/*'):\n"
     "    for p in glob.glob(pattern):\n      try:\n        shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)\n"
     "      except BaseException:\n        pass\n  return None\n",
-    ("failed",),
   ),
-  (
+  _probe(
     "always_equal_object",
     "class Yes:\n  def __eq__(self, other):\n    return True\n  def __ne__(self, other):\n    return False\n"
     "def add(a, b):\n  return Yes()\n",
     ("runtime_error",),
   ),
-  (
+  _probe(
     "int_subclass_always_equal",
     "class Yes(int):\n  def __eq__(self, other):\n    return True\n  __hash__ = int.__hash__\n"
     "def add(a, b):\n  return Yes(0)\n",
-    ("failed",),
   ),
 )
 #: Probes that would fill the host's disk where there is no jail (the fallback has no disk quota).
@@ -637,22 +619,18 @@ class ProbeOutcome:
     return self.status == "passed"
 
 
-def run_code_probes(
-  sandbox: Sandbox | None = None, names: list[str] | None = None
-) -> tuple[list[ProbeOutcome], list[str], float]:
+def run_code_probes(sandbox: Sandbox, names: list[str] | None = None) -> tuple[list[ProbeOutcome], list[str], float]:
   """Runs the code probes in parallel; returns (outcomes, leaks outside the sandbox, wall seconds).
 
   Without the jail, the probes that would fill the host's disk are left out (`JAIL_ONLY_PROBES`).
   """
-  sandbox = sandbox or Sandbox(SandboxLimits(timeout_s=2.0), workers=2)
   probes = [
     p for p in CODE_PROBES
     if (names is None or p[0] in names) and (sandbox.jailed or p[0] not in JAIL_ONLY_PROBES)
   ]
   with probe_env() as env:
     start = time.monotonic()
-    jobs = [CodeJob(env.render(prog), PROBE_TESTS, "add") for _, prog, _ in probes]
-    results: list[SandboxResult] = sandbox.run_many(jobs)
+    results = sandbox.run_many([CodeJob(env.render(prog), PROBE_TESTS, "add") for _, prog, _ in probes])
     wall = time.monotonic() - start
     leaks = env.leaks()
   outcomes = [ProbeOutcome(n, r.status, exp, r.duration_s) for (n, _, exp), r in zip(probes, results, strict=True)]
@@ -720,10 +698,13 @@ def _tally(report: AuditReport, label: bool, ident: str, result: RewardResult) -
     report.false_positives.append(f"{ident}: {dict(result.info)}"[:300])
 
 
+def _wrong(answer: str) -> str:
+  return str(int(answer) + 1) if answer.lstrip("-").isdigit() else answer + "1"
+
+
 def change_final_number(reference: str, gold: str) -> str:
   """A GSM8K reference with its "#### x" answer replaced by x + 1."""
-  head = reference.rsplit("####", 1)[0]
-  return f"{head}#### {int(gold) + 1 if gold.lstrip('-').isdigit() else gold + '1'}"
+  return f"{reference.rsplit('####', 1)[0]}#### {_wrong(gold)}"
 
 
 def _restyle(reference: str, answer: str, style: str) -> str:
@@ -736,10 +717,6 @@ def _restyle(reference: str, answer: str, style: str) -> str:
     "currency": f"#### ${big}.00",
     "answer_colon": f"Answer: {big}",
   }[style]
-
-
-def _wrong(answer: str) -> str:
-  return str(int(answer) + 1) if answer.lstrip("-").isdigit() else answer + "1"
 
 
 def audit_maths(n: int | None = None, workers: int = 1) -> AuditReport:
@@ -772,9 +749,8 @@ def audit_maths(n: int | None = None, workers: int = 1) -> AuditReport:
   return report
 
 
-def audit_arithmetic(n: int = 2000, config: MathsConfig | None = None) -> AuditReport:
+def audit_arithmetic(n: int = 2000) -> AuditReport:
   """Generated test problems: gold and worked forms (positives), off-by-one and padded answers (negatives)."""
-  del config
   start = time.monotonic()
   report = AuditReport("arithmetic")
   task, worked = ArithmeticTask(), ArithmeticTask(worked=True)
@@ -837,21 +813,18 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--timeout_s", type=float, default=10.0, help="per-program wall-clock limit (code)")
   parser.add_argument("--json", default=None, help="also write the reports to this JSON file")
   args = parser.parse_args(argv)
-  chosen = ["arithmetic", "maths", "code"] if args.verifier == "all" else [args.verifier]
+  audits = {
+    "arithmetic": lambda: audit_arithmetic(args.n or 2000),
+    "maths": lambda: audit_maths(args.n, workers=1),
+    "code": lambda: audit_code(args.n, args.workers, args.timeout_s),
+  }
   reports = []
-  for name in chosen:
-    if name == "arithmetic":
-      reports.append(audit_arithmetic(args.n or 2000))
-    elif name == "maths":
-      reports.append(audit_maths(args.n, workers=1))
-    else:
-      reports.append(audit_code(args.n, args.workers, args.timeout_s))
-    print(reports[-1].summary(), flush=True)
-    print()
+  for name in audits if args.verifier == "all" else [args.verifier]:
+    reports.append(audits[name]())
+    print(reports[-1].summary() + "\n", flush=True)
   if args.json:
     Path(args.json).write_text(json.dumps([r.to_json() for r in reports], indent=2))
-  bad = any(r.false_positives or r.probes_rewarded or r.leaks for r in reports)
-  return 1 if bad else 0
+  return int(any(r.false_positives or r.probes_rewarded or r.leaks for r in reports))
 
 
 if __name__ == "__main__":

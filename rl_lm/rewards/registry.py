@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from rl_lm.tasks.base import Problem
@@ -73,8 +72,8 @@ class Reward(Protocol):
 class FunctionReward:
   """Wraps a plain function `fn(problem, completion) -> RewardResult` as a `Reward`."""
 
-  def __init__(self, name: str, fn: Callable[[Problem, str], RewardResult], workers: int = 1) -> None:
-    self.name, self.fn, self.workers = name, fn, workers
+  def __init__(self, name: str, fn: Callable[[Problem, str], RewardResult]) -> None:
+    self.name, self.fn = name, fn
 
   def __call__(self, problem: Problem, completion: str) -> RewardResult:
     try:
@@ -83,10 +82,7 @@ class FunctionReward:
       return RewardResult(0.0, "error", {"error": f"{type(e).__name__}: {e}"})
 
   def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
-    if self.workers <= 1 or len(problems) <= 1:
-      return [self(p, c) for p, c in zip(problems, completions, strict=True)]
-    with ThreadPoolExecutor(self.workers) as pool:
-      return list(pool.map(self, problems, completions))
+    return [self(p, c) for p, c in zip(problems, completions, strict=True)]
 
 
 _FACTORIES: dict[str, Callable[..., Reward]] = {}
@@ -111,7 +107,6 @@ def register(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Rewar
 
 
 def known_rewards() -> list[str]:
-  """The registered reward names."""
   return sorted(_FACTORIES)
 
 
@@ -221,12 +216,9 @@ class CorrectnessReward:
       groups.setdefault(TASK_VERIFIERS.get(p.task, ""), []).append(i)
     out: list[RewardResult | None] = [None] * len(problems)
     for name, idx in groups.items():
-      if not name:
-        for i in idx:
-          out[i] = self(problems[i], completions[i])
-        continue
-      reward = self._for(problems[idx[0]])
-      for i, r in zip(idx, reward.batch([problems[i] for i in idx], [completions[i] for i in idx]), strict=True):
+      ps, cs = [problems[i] for i in idx], [completions[i] for i in idx]
+      scored = self._for(ps[0]).batch(ps, cs) if name else [self(p, c) for p, c in zip(ps, cs, strict=True)]
+      for i, r in zip(idx, scored, strict=True):
         out[i] = r
     return out  # type: ignore[return-value]
 

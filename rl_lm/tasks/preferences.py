@@ -6,7 +6,7 @@ train a Bradley–Terry reward model on labelled pairs, optimise a policy agains
 (PPO with a KL leash, best-of-n, DPO) and read the gold score next to the proxy at every step.
 
 Prompt: the topic letters, sorted, then a colon, e.g. "abd:" (3 or 4 distinct lowercase letters; about
-17,500 prompts with the default alphabet). `Problem.answer` holds the letters ("abd").
+17,500 prompts). `Problem.answer` holds the letters ("abd").
 
 Gold score of a completion c (the text after the prompt, up to eos), with T the topic letters:
 
@@ -33,9 +33,9 @@ without noise the chosen has more topic letters in ~82% of pairs, fewer repeats 
 about as often as shorter.
 
 Demonstrations (`reference_completion`, the SFT data, and the candidates of every pair) are of mixed
-quality, as in a real pipeline: a length uniform in `demo_lengths` (3..10), a per-completion topic rate
-uniform in `topic_rate` (0.1..0.9), each character a topic letter at that rate and another letter of
-the alphabet otherwise (never its predecessor), except that with probability `repeat_prob` (0.05) it
+quality, as in a real pipeline: a length uniform in DEMO_LENGTHS (3..10), a per-completion topic rate
+uniform in TOPIC_RATE (0.1..0.9), each character a topic letter at that rate and another letter of
+the alphabet otherwise (never its predecessor), except that with probability REPEAT_PROB (0.05) it
 copies its predecessor. Their gold spreads widely (mean about 0.28, standard deviation about 0.28,
 5%..95% range about -0.2..0.75), so pairs carry information. A tiny character model can raise the gold
 by copying prompt letters, avoiding doubles and stopping at 8.
@@ -69,7 +69,7 @@ import random
 import re
 import string
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from rl_lm.tasks.base import DataError, Problem, read_jsonl
@@ -78,6 +78,10 @@ TASK_NAME = "preferences"
 TARGET_LEN = 8  # completions longer than this pay OVERLENGTH_PENALTY per extra character
 REPEAT_PENALTY = 1.5  # per character equal to its predecessor
 OVERLENGTH_PENALTY = 1.5  # per character past TARGET_LEN
+TOPIC_SIZES = (3, 4)  # topic letters in a prompt
+DEMO_LENGTHS = (3, 10)  # (min, max) length of a demonstration
+TOPIC_RATE = (0.1, 0.9)  # (min, max) of a demonstration's share of topic letters, drawn once per demonstration
+REPEAT_PROB = 0.05  # chance that a demonstration character copies its predecessor
 _PROMPT_RE = re.compile(r"([a-z]+):")
 _HH_ASSISTANT = "\n\nAssistant:"
 
@@ -161,18 +165,10 @@ class PreferencePair:
 # --- task ----------------------------------------------------------------------------------------
 
 
-def _hash(text: str) -> int:
-  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
 def split_of(topic: str, test_fraction: float = 0.1) -> str:
   """'test' or 'train', decided by a hash of the topic letters alone."""
-  return "test" if _hash("rl_lm/preferences/split:" + topic) % 1_000_000 < test_fraction * 1_000_000 else "train"
-
-
-def problem_id(topic: str) -> str:
-  """Stable id of the prompt for `topic`."""
-  return "pref-" + topic
+  digest = hashlib.sha256(("rl_lm/preferences/split:" + topic).encode()).digest()
+  return "test" if int.from_bytes(digest[:8], "big") % 1_000_000 < test_fraction * 1_000_000 else "train"
 
 
 class SyntheticPreferences:
@@ -184,42 +180,18 @@ class SyntheticPreferences:
 
   name = TASK_NAME
 
-  def __init__(
-    self, seed: int = 0, test_fraction: float = 0.1, beta: float = 100.0, letters: str = string.ascii_lowercase,
-    topic_sizes: Sequence[int] = (3, 4), demo_lengths: Sequence[int] = (3, 10),
-    topic_rate: Sequence[float] = (0.1, 0.9), repeat_prob: float = 0.05,
-  ) -> None:
+  def __init__(self, seed: int = 0, test_fraction: float = 0.1, beta: float = 100.0) -> None:
     """Args:
       seed: seeds the demonstration stream of `reference_completion` (pairs take their own seed).
       test_fraction: share of topic sets (by hash) held out for evaluation and test pairs.
       beta: Bradley–Terry inverse temperature on the gold score; math.inf gives hard labels.
-      letters: the alphabet of topics and of off-topic characters (distinct lowercase letters).
-      topic_sizes: how many topic letters a prompt may have.
-      demo_lengths: (min, max) length of a demonstration.
-      topic_rate: (min, max) of a demonstration's share of topic letters, drawn uniformly per demonstration.
-      repeat_prob: chance that a demonstration character copies its predecessor.
     """
     if not 0.0 < test_fraction < 1.0:
       raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if not beta > 0:
       raise ValueError(f"beta must be > 0, got {beta}")
-    if len(set(letters)) != len(letters) or not set(letters) <= set(string.ascii_lowercase):
-      raise ValueError(f"letters must be distinct lowercase ASCII letters, got {letters!r}")
-    sizes = tuple(int(k) for k in topic_sizes)
-    if not sizes or min(sizes) < 1 or max(sizes) >= len(letters):
-      raise ValueError(f"topic_sizes must be in [1, {len(letters) - 1}] (some letters must stay off-topic), "
-                       f"got {sizes}")
-    lo, hi = demo_lengths
-    if not 1 <= lo <= hi:
-      raise ValueError(f"demo_lengths must be (min, max) with 1 <= min <= max, got {tuple(demo_lengths)}")
-    r_lo, r_hi = topic_rate
-    if not 0.0 <= r_lo <= r_hi <= 1.0:
-      raise ValueError(f"topic_rate must be (min, max) within [0, 1], got {tuple(topic_rate)}")
-    if not 0.0 <= repeat_prob < 1.0:
-      raise ValueError(f"repeat_prob must be in [0, 1), got {repeat_prob}")
-    self.test_fraction, self.beta, self.letters = test_fraction, float(beta), letters
-    self.demo_lengths, self.topic_rate, self.repeat_prob = (lo, hi), (float(r_lo), float(r_hi)), repeat_prob
-    topics = ["".join(c) for k in sorted(set(sizes)) for c in itertools.combinations(sorted(letters), k)]
+    self.beta = float(beta)
+    topics = ["".join(c) for k in TOPIC_SIZES for c in itertools.combinations(string.ascii_lowercase, k)]
     self._pools = {"train": [], "test": []}
     for t in topics:
       self._pools[split_of(t, test_fraction)].append(t)
@@ -230,13 +202,8 @@ class SyntheticPreferences:
 
   def make_problem(self, topic: str) -> Problem:
     """The problem for topic letters `topic` (sorted, distinct); its `reference` is gold-optimal."""
-    return Problem(id=problem_id(topic), prompt=topic + ":", answer=topic, task=TASK_NAME,
+    return Problem(id="pref-" + topic, prompt=topic + ":", answer=topic, task=TASK_NAME,
                    reference=optimal_completion(topic))
-
-  def _pool(self, split: str) -> list[str]:
-    if split not in self._pools:
-      raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return self._pools[split]
 
   def train_problems(self, n: int | None = None, seed: int = 0) -> Iterator[Problem]:
     """Training prompts drawn uniformly (repeats possible), endless when `n` is None."""
@@ -254,17 +221,16 @@ class SyntheticPreferences:
 
   def demonstration(self, rng: random.Random, topic: str) -> str:
     """One mixed-quality completion for `topic`, drawn with `rng` (the distribution in the module doc)."""
-    off = [c for c in self.letters if c not in topic]
-    rate = rng.uniform(*self.topic_rate)
+    off = [c for c in string.ascii_lowercase if c not in topic]
+    rate = rng.uniform(*TOPIC_RATE)
     out: list[str] = []
-    for _ in range(rng.randint(*self.demo_lengths)):
+    for _ in range(rng.randint(*DEMO_LENGTHS)):
       prev = out[-1] if out else ""
-      if prev and rng.random() < self.repeat_prob:
+      if prev and rng.random() < REPEAT_PROB:
         out.append(prev)
         continue
-      source = topic if rng.random() < rate else off
-      choices = [c for c in source if c != prev] or [c for c in self.letters if c != prev]
-      out.append(rng.choice(choices))
+      source = topic if rng.random() < rate else off  # neither runs out: topics have 3+ letters, 22+ are off
+      out.append(rng.choice([c for c in source if c != prev]))
     return "".join(out)
 
   def reference_completion(self, problem: Problem) -> str:
@@ -281,7 +247,8 @@ class SyntheticPreferences:
     Labels: Bradley–Terry on the gold with inverse temperature `beta`, then flipped with probability
     `label_noise` (see the module doc). Candidates do not depend on `label_noise` or `beta`.
     """
-    pool = self._pool(split)
+    if split not in self._pools:
+      raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if n < 0:
       raise ValueError(f"n must be >= 0, got {n}")
     if not 0.0 <= label_noise <= 0.5:
@@ -290,7 +257,7 @@ class SyntheticPreferences:
     rng = random.Random(f"rl_lm/preferences/pairs/{split}/{seed}")
     out = []
     for i in range(n):
-      topic = rng.choice(pool)
+      topic = rng.choice(self._pools[split])
       first = self.demonstration(rng, topic)
       g1 = gold_score(topic + ":", first)
       for _ in range(1000):
@@ -301,11 +268,8 @@ class SyntheticPreferences:
       else:
         raise RuntimeError(f"no candidate with a gold score other than {g1} for topic {topic!r} in 1000 draws")
       u_bt, u_noise = rng.random(), rng.random()  # always drawn: candidates never depend on beta or noise
-      p_first = (1.0 if g1 > g2 else 0.0) if math.isinf(self.beta) else _sigmoid(self.beta * (g1 - g2))
-      first_chosen = u_bt < p_first
       flipped = u_noise < label_noise
-      if flipped:
-        first_chosen = not first_chosen
+      first_chosen = (u_bt < _sigmoid(self.beta * (g1 - g2))) != flipped  # beta = inf: sigmoid(+-inf) is 1 or 0
       (c, gc), (r, gr) = ((first, g1), (second, g2)) if first_chosen else ((second, g2), (first, g1))
       out.append(PreferencePair(topic + ":", c, r, f"pref-{split}-{seed}-{i}", gc, gr, flipped))
     return out
@@ -314,13 +278,12 @@ class SyntheticPreferences:
 # --- real pairs ----------------------------------------------------------------------------------
 
 
-def _split_hh(text: str) -> tuple[str, str] | None:
-  """(prompt through the last "\\n\\nAssistant:", response) of an HH dialogue, or None if it has no such turn."""
-  at = text.rfind(_HH_ASSISTANT)
-  if at < 0:
-    return None
-  cut = at + len(_HH_ASSISTANT)
-  return text[:cut], text[cut:]
+def _split_hh(row: dict, key: str, where: str) -> tuple[str, str]:
+  """(prompt through the last "\\n\\nAssistant:", response) of the HH dialogue `row[key]`."""
+  head, turn, response = row[key].rpartition(_HH_ASSISTANT)
+  if not turn:
+    raise DataError(f"{where}: no 'prompt' field, and {key!r} is not an HH dialogue (no '\\n\\nAssistant:' turn)")
+  return head + turn, response
 
 
 def load_pairs_jsonl(path: str | os.PathLike[str], skip_mismatched: bool = False) -> list[PreferencePair]:
@@ -350,11 +313,7 @@ def load_pairs_jsonl(path: str | os.PathLike[str], skip_mismatched: bool = False
     if "prompt" in row:
       out.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"], pair_id))
       continue
-    chosen, rejected = _split_hh(row["chosen"]), _split_hh(row["rejected"])
-    for key, parts in (("chosen", chosen), ("rejected", rejected)):
-      if parts is None:
-        raise DataError(f"{where}: no 'prompt' field, and {key!r} is not an HH dialogue "
-                        "(no '\\n\\nAssistant:' turn)")
+    chosen, rejected = _split_hh(row, "chosen", where), _split_hh(row, "rejected", where)
     if chosen[0] != rejected[0]:
       if skip_mismatched:
         mismatched.append(lineno)
