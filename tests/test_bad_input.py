@@ -195,6 +195,8 @@ import gc, signal, sys, time
 from rl_lm.interrupts import Interrupts
 if sys.argv[1] == "handled":
   Interrupts().install()
+else:  # Python's own handler, even where SIGINT came in ignored (a job started with `&` by a script)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 fired = []
 def callback(phase, info):
   if phase == "stop" and not fired:
