@@ -228,9 +228,10 @@ def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, t
   return jnp.where(rollout.completion_mask, taken, 0.0)
 
 
-def config_from(sampling: Any, eos_id: int, pad_id: int) -> SamplingConfig:
-  """`config.sampling` -> SamplingConfig, stopping on the tokenizer's eos."""
-  return SamplingConfig.from_section(sampling, stop_tokens=(eos_id,), pad_id=pad_id)
+def config_from(sampling: Any, tok: Any) -> SamplingConfig:
+  """`config.sampling` -> SamplingConfig, stopping on the tokenizer's stop ids (eos, the chat template's end of turn)
+  and padding with its pad id."""
+  return SamplingConfig.from_section(sampling, stop_tokens=tuple(tok.stop_ids), pad_id=tok.pad_id)
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 1) -> tuple[jax.Array, jax.Array]:

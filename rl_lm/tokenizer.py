@@ -2,9 +2,12 @@
 
 `CharTokenizer` serves the built-in tasks (arithmetic, synthetic preferences): every printable
 ASCII character and newline is one token, after three specials (pad=0, bos=1, eos=2).
-`HFTokenizer` wraps a Hugging Face `tokenizer.json` through the `tokenizers` library.
-Both expose `encode`, `decode`, `vocab_size`, `pad_id`, `bos_id`, `eos_id`. A tokenizer file that cannot
-be read raises `TokenizerError` naming the file.
+`HFTokenizer` wraps a Hugging Face `tokenizer.json` through the `tokenizers` library, with the
+checkpoint's chat template (rl_lm/chat.py) when asked for one.
+Both expose `encode`, `decode`, `encode_prompt` (how a task's prompt text becomes the ids the sampler
+continues: bos + text, or the text as a user turn of the chat template), `vocab_size`, `pad_id`, `bos_id`,
+`eos_id` and `stop_ids` (eos and the template's end-of-turn token). A tokenizer file that cannot be read
+raises `TokenizerError` naming the file.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Protocol
+
+from rl_lm.chat import ChatTemplate
 
 PAD, BOS, EOS = 0, 1, 2
 _SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -35,8 +40,11 @@ class Tokenizer(Protocol):
   pad_id: int
   bos_id: int | None
   eos_id: int
+  stop_ids: tuple[int, ...]  # ids that end a completion: eos, and the chat template's end of turn
 
   def encode(self, text: str) -> list[int]: ...
+
+  def encode_prompt(self, text: str) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -45,7 +53,7 @@ class CharTokenizer:
   """Character-level tokenizer: ids 0..2 are specials, then '\\n' and ASCII 32..126 (98 ids)."""
 
   vocab_size = len(_SPECIALS) + len(_CHARS)
-  pad_id, bos_id, eos_id = PAD, BOS, EOS
+  pad_id, bos_id, eos_id, stop_ids = PAD, BOS, EOS, (EOS,)
 
   def __init__(self) -> None:
     self._to_id = {c: i + len(_SPECIALS) for i, c in enumerate(_CHARS)}
@@ -56,6 +64,10 @@ class CharTokenizer:
       return [self._to_id[c] for c in text]
     except KeyError as e:
       raise ValueError(f"CharTokenizer cannot encode character {e.args[0]!r} in {text[:40]!r}") from None
+
+  def encode_prompt(self, text: str) -> list[int]:
+    """bos, then the text."""
+    return [BOS, *self.encode(text)]
 
   def decode(self, ids: Sequence[int]) -> str:
     """Decodes ids, dropping specials, stopping at the first eos; ids past the alphabet (a model's
@@ -72,9 +84,14 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-  """A Hugging Face fast tokenizer loaded from `tokenizer.json` (plus `tokenizer_config.json` if present)."""
+  """A Hugging Face fast tokenizer loaded from `tokenizer.json` (plus `tokenizer_config.json` if present).
 
-  def __init__(self, path: str) -> None:
+  `chat=True`: prompts are framed as one user turn by the checkpoint's chat template (`chat_template` in
+  tokenizer_config.json, or chat_template.jinja), and the template's end-of-turn token joins `stop_ids`.
+  Plain prompts get bos first when the tokenizer adds one (`add_bos_token`; when unset, whenever it has a bos).
+  """
+
+  def __init__(self, path: str, chat: bool = False) -> None:
     from tokenizers import Tokenizer as _Tok  # imported lazily: only HF models need it
 
     directory = path if os.path.isdir(path) else os.path.dirname(path)
@@ -110,25 +127,45 @@ class HFTokenizer:
     if self.eos_id is None:
       raise TokenizerError(f"{cfg_file}: no eos_token; the sampler needs one to stop")
     self.pad_id = pad if pad is not None else self.eos_id
+    self.add_bos = bool(special.get("add_bos_token", self.bos_id is not None)) and self.bos_id is not None
+    self.special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+    self.chat = None
+    if chat:
+      source = special.get("chat_template")
+      jinja_file = os.path.join(directory, "chat_template.jinja")
+      if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+        source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None)
+      if not source and os.path.exists(jinja_file):
+        with open(jinja_file, encoding="utf-8") as f:
+          source = f.read()
+      if not isinstance(source, str) or not source:
+        raise TokenizerError(f"{cfg_file}: no chat_template (nor {jinja_file}); a chat prompt needs the checkpoint's "
+                             "template (or use a plain one)")
+      names = ("bos_token", "eos_token", "unk_token", "pad_token")
+      text = {n: (special[n].get("content") if isinstance(special.get(n), dict) else special.get(n)) for n in names}
+      self.chat = ChatTemplate(source, text)
+    turn_end = self.chat.end_of_turn(self.encode, self.special_ids) if self.chat else ()
+    self.stop_ids = tuple(dict.fromkeys((self.eos_id, *turn_end)))
 
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
 
+  def encode_prompt(self, text: str) -> list[int]:
+    """The chat template's user turn and generation prompt (chat), else bos (when added) and the text."""
+    if self.chat is not None:
+      return self.encode(self.chat.prompt(text))
+    return ([self.bos_id] if self.add_bos else []) + self.encode(text)
+
   def decode(self, ids: Sequence[int]) -> str:
+    """The text of `ids` up to the first stop id, special tokens left out."""
     ids = [int(i) for i in ids]
-    if self.eos_id in ids:
-      ids = ids[: ids.index(self.eos_id)]
-    return self._tok.decode(ids, skip_special_tokens=True)
+    end = next((k for k, i in enumerate(ids) if i in self.stop_ids), len(ids))
+    return self._tok.decode(ids[:end], skip_special_tokens=True)
 
 
 def from_config(config) -> CharTokenizer | HFTokenizer:
-  """The tokenizer a run uses: `config.tokenizer` is "char" or "hf" (from `config.model.hf_checkpoint`)."""
+  """The tokenizer a run uses: `config.tokenizer` is "char" or "hf" (from `config.model.hf_checkpoint`), with the
+  checkpoint's chat template when `config.task.template` is "chat"."""
   if config.tokenizer == "char":
     return CharTokenizer()
-  return HFTokenizer(config.model.hf_checkpoint)
-
-
-def encode_prompt(tok: Tokenizer, text: str) -> list[int]:
-  """Prompt ids: bos (when the tokenizer has one) followed by the text."""
-  ids = tok.encode(text)
-  return ([tok.bos_id] if tok.bos_id is not None else []) + ids
+  return HFTokenizer(config.model.hf_checkpoint, chat=config.task.template == "chat")

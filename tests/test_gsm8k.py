@@ -57,7 +57,8 @@ def test_jsonl_loading_and_problems():
   assert len(problems) == 1319 and len({p.id for p in problems}) == 1319
   p = problems[0]
   assert p.answer == "18" and p.task == "gsm8k"
-  assert p.prompt.startswith("<|im_start|>") and p.metadata["question"] in p.prompt
+  # A chat prompt is the user turn's text: the question, then the answer format; no model's turn markers.
+  assert p.prompt.startswith(p.metadata["question"]) and "####" in p.prompt and "<|" not in p.prompt
   assert p.reference.rstrip().endswith("#### 18") and "<<" not in p.reference
   assert any("," not in q.answer and len(q.answer) >= 4 for q in problems)
   assert all("," not in q.answer for q in problems)

@@ -67,6 +67,8 @@ def check(config: Any, num_devices: int) -> None:
   _check_mesh(c, num_devices)
   _require(c.tokenizer != "hf" or bool(c.model.hf_checkpoint), "config.model.hf_checkpoint",
            "required by config.tokenizer='hf' (the tokenizer is read from the checkpoint)")
+  _require(c.task.template != "chat" or c.tokenizer == "hf", "config.task.template",
+           "'chat' frames prompts with a checkpoint's chat template: needs config.tokenizer='hf'")
   dp = data_parallelism(c, num_devices)
   max_len = math.inf if c.model.hf_checkpoint else presets.get(c.model.preset).max_seq_len
   rows = {}  # key -> batch rows that the data-parallel axes split

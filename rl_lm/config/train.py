@@ -19,21 +19,23 @@ class Task(Section):
   test_fraction: float = knob(0.1, "(0, 1)")  # arithmetic: share of expressions (by hash) held out for evaluation
   decimal_demos: float = knob(0.0, "[0, 1]")  # arithmetic: share of SFT targets written "33.0" (imperfect demos)
   data_dir: str = knob("", folder)  # gsm8k / humaneval: folder of the JSONL files ("" = ../shared/data/<task>)
-  template: str = "plain"  # gsm8k prompt template: plain | chat | chat_cot | a string with {question}
+  template: str = "plain"  # plain | chat (the checkpoint's chat template frames the prompt as a user turn; any
+  #                          task but preferences, needs an hf tokenizer) | gsm8k only: a string with {question}
   pool_size: int = knob(4000, "(0, inf)")  # training prompts the curriculum draws from (procedural tasks)
   eval_size: int = knob(200, "(0, inf)")  # held-out problems per evaluation
 
   def check(self) -> None:
     from rl_lm.tasks import TASKS
     from rl_lm.tasks.arithmetic import LEVELS
-    from rl_lm.tasks.gsm8k import TEMPLATES
-
     self.require(self.name in TASKS, "name", f"unknown task {self.name!r}; known: {', '.join(sorted(TASKS))}")
     bad = [lv for lv in self.levels if lv not in LEVELS]
     self.require(self.name != "arithmetic" or (bool(self.levels) and not bad), "levels",
                  f"unknown arithmetic levels {bad or list(self.levels)}; known: {sorted(LEVELS)}")
-    self.require(self.template in TEMPLATES or "{question}" in self.template, "template",
-                 f"must be one of {sorted(TEMPLATES)} or a string containing '{{question}}', got {self.template!r}")
+    custom = self.name == "gsm8k" and "{question}" in self.template
+    self.require(self.template in ("plain", "chat") or custom, "template", "must be 'plain' or 'chat' (or, for gsm8k, "
+                 f"a string containing '{{question}}'), got {self.template!r}")
+    self.require(not (self.name == "preferences" and self.template == "chat"), "template",
+                 "the preferences task has no chat form")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,9 @@ Earlier lines are free working and are never read, so listing candidates cannot 
 
 With `worked=True` the reference completion shows one operation per line before the answer, e.g.
 "7*3=21\\n12+21=33\\n33", which can help a small model on multi-operand levels.
+
+With `template="chat"` the prompt is a question for an instruct model ("What is 12+7*3? ..."), which the
+tokenizer frames as a user turn with the checkpoint's chat template; verification is the same.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from rl_lm.tasks.base import Problem
 
 TASK_NAME = "arithmetic"
+# The prompt of an expression, by template: the bare "12+7*3=", or a question for a chat model's user turn.
+CHAT_PROMPTS = {"plain": "{expr}=", "chat": "What is {expr}? Reply with the integer alone, on its own line."}
 _INT_RE = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2}
 
@@ -229,7 +234,7 @@ class ArithmeticTask:
 
   def __init__(
     self, levels: Sequence[int] = tuple(LEVELS), test_fraction: float = 0.1, worked: bool = False,
-    decimal_demos: float = 0.0, seed: int = 0,
+    decimal_demos: float = 0.0, seed: int = 0, template: str = "plain",
   ) -> None:
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown or not levels:
@@ -238,6 +243,9 @@ class ArithmeticTask:
       raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if not 0.0 <= decimal_demos <= 1.0:
       raise ValueError(f"decimal_demos must be in [0, 1], got {decimal_demos}")
+    if template not in CHAT_PROMPTS:
+      raise ValueError(f"template must be one of {sorted(CHAT_PROMPTS)}, got {template!r}")
+    self.prompt_format = CHAT_PROMPTS[template]
     self.levels = tuple(levels)
     self.test_fraction = test_fraction
     self.worked = worked
@@ -249,7 +257,8 @@ class ArithmeticTask:
     answer = str(evaluate(expr))
     reference = "\n".join([*worked_steps(expr), answer]) if self.worked else answer
     return Problem(
-      id=problem_id(expr), prompt=expr + "=", answer=answer, difficulty=level, task=TASK_NAME, reference=reference
+      id=problem_id(expr), prompt=self.prompt_format.format(expr=expr), answer=answer, difficulty=level,
+      task=TASK_NAME, reference=reference
     )
 
   def _stream(self, split: str, seed: int, levels: Sequence[int] | None) -> Iterator[Problem]:

@@ -6,9 +6,11 @@ The worked solution (with the "<<48/2=24>>" calculator annotations removed by de
 reference completion for SFT warm-start; it ends with the "#### <number>" line the maths verifier
 reads first.
 
-Prompt templates are selected by name in config (`TEMPLATES`: "plain", "chat", "chat_cot") or given
-as a custom string containing "{question}". The reference completion is the template's
-`target_prefix` followed by the solution.
+Prompt templates are selected by name in config (`TEMPLATES`: "plain", "chat") or given as a custom
+string containing "{question}". "chat" is the question and the answer-format instruction as the text of
+one user turn: the tokenizer frames it with the checkpoint's own chat template (rl_lm/chat.py), so no
+model's turn markers are written here. The reference completion is the template's `target_prefix`
+followed by the solution.
 
 A JSONL file that cannot be read (malformed JSON, a missing field, an answer without "####", no
 records at all) raises `DataError` naming the file and line.
@@ -50,13 +52,7 @@ class PromptTemplate:
 _INSTRUCTION = "Solve the problem step by step. Write the final answer as a number on the last line, after '####'."
 TEMPLATES: dict[str, PromptTemplate] = {
   "plain": PromptTemplate("Question: {question}\nAnswer:", " "),
-  "chat": PromptTemplate(
-    "<|im_start|>system\n" + _INSTRUCTION + "<|im_end|>\n"
-    "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-  ),
-  "chat_cot": PromptTemplate(
-    "<|im_start|>user\n{question}\n" + _INSTRUCTION + "<|im_end|>\n<|im_start|>assistant\n"
-  ),
+  "chat": PromptTemplate("{question}\n" + _INSTRUCTION),  # a user turn, framed by the tokenizer's chat template
 }
 
 

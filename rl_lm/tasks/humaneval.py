@@ -40,11 +40,20 @@ def load_humaneval(path: str | Path | None = None) -> list[dict[str, str]]:
   return [record for _, record in read_jsonl(path or default_path(), required=FIELDS, what="problems")]
 
 
-def make_problem(record: dict[str, str]) -> Problem:
-  """A problem whose gold answer and reference completion are the canonical solution."""
+# A chat model is asked for the whole function in a fenced block (rl_lm.rewards.code.build_program runs such a
+# block after the prompt's imports and helpers); a plain prompt is the code itself, to be continued.
+CHAT_PROMPT = ("Complete the following Python function. Reply with the complete function, including its "
+               "signature, in a single ```python code block.\n\n```python\n{prompt}```")
+
+
+def make_problem(record: dict[str, str], template: str = "plain") -> Problem:
+  """A problem whose gold answer and reference completion are the canonical solution; `template`: "plain" (the
+  prompt is the code) or "chat" (a request for the function, for a chat template's user turn)."""
+  if template not in ("plain", "chat"):
+    raise ValueError(f"template must be 'plain' or 'chat', got {template!r}")
   return Problem(
     id=record["task_id"],
-    prompt=record["prompt"],
+    prompt=record["prompt"] if template == "plain" else CHAT_PROMPT.format(prompt=record["prompt"]),
     answer=record["canonical_solution"],
     task=TASK_NAME,
     reference=record["canonical_solution"],
@@ -57,15 +66,18 @@ class HumanEvalTask:
 
   name = TASK_NAME
 
-  def __init__(self, path: str | Path | None = None, data_dir: str | Path | None = None) -> None:
-    """`path`: the JSONL file (gzipped or not); else `data_dir`'s file (`FILE_NAMES`); else `default_path()`."""
+  def __init__(self, path: str | Path | None = None, data_dir: str | Path | None = None, template: str = "plain"
+               ) -> None:
+    """`path`: the JSONL file (gzipped or not); else `data_dir`'s file (`FILE_NAMES`); else `default_path()`.
+    `template`: see `make_problem`."""
     self.path = path if path or not data_dir else path_in(data_dir)
+    self.template = template
     self._problems: list[Problem] | None = None
 
   def problems(self) -> list[Problem]:
     """All problems, in file order (cached)."""
     if self._problems is None:
-      self._problems = [make_problem(r) for r in load_humaneval(self.path)]
+      self._problems = [make_problem(r, self.template) for r in load_humaneval(self.path)]
     return self._problems
 
   def train_problems(self, n: int | None = None, seed: int = 0) -> Iterator[Problem]:

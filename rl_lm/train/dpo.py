@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import sampling, tokenizer
+from rl_lm import sampling
 from rl_lm.models import transformer
 from rl_lm.rl import kl as kl_lib
 from rl_lm.rl import preference
@@ -80,8 +80,8 @@ def gold_win_rate(ctx: Context, policy: Any, reference: Any, task: SyntheticPref
   tok, config = ctx.tokenizer, ctx.config
   problems = task.test_problems(n, seed=config.seed)
   rows = len(problems) + (-len(problems)) % max(jax.device_count(), 1)
-  prompt_len = max(len(tokenizer.encode_prompt(tok, p.prompt)) for p in problems)
-  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  prompt_len = max(len(tok.encode_prompt(p.prompt)) for p in problems)
+  scfg = sampling.config_from(config.sampling, tok)
   sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, rows)
   key = jax.random.fold_in(ctx.key, 9)
   prompts = [p.prompt for p in problems]

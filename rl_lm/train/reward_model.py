@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import plots, sampling, tokenizer
+from rl_lm import plots, sampling
 from rl_lm.checkpoint import restore_item
 from rl_lm.models import heads
 from rl_lm.rl import preference
@@ -110,9 +110,9 @@ def reference_offset(ctx: Context, params: Any, task: Any, n: int) -> float:
   `ctx.policy` is the stage's start whether the run is fresh or resumed, so the offset is the same."""
   config, tok = ctx.config, ctx.tokenizer
   problems = [p for p, _ in zip(task.train_problems(None, seed=config.seed + 1), range(n), strict=False)]
-  prompt_len = max(len(tokenizer.encode_prompt(tok, p.prompt)) for p in problems)
+  prompt_len = max(len(tok.encode_prompt(p.prompt)) for p in problems)
   rows = n + (-n) % jax.device_count()  # the sampler's batch splits over the devices; padding rows are dropped
-  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  scfg = sampling.config_from(config.sampling, tok)
   sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, prompt_len, rows)
   out = sampler.sample(ctx.policy, [p.prompt for p in problems], jax.random.fold_in(ctx.key, 7))
   # The sampled token arrays are scored as they are (prompt right-aligned, then the completion), as the RL

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm import diagnostics, evaluation, sampling, tokenizer
+from rl_lm import diagnostics, evaluation, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm import metrics as metrics_lib
 from rl_lm.models import heads
@@ -46,14 +46,14 @@ def task_from_config(config: Any) -> Task:
   t = config.task
   if t.name == "arithmetic":
     return make_task("arithmetic", levels=tuple(t.levels), worked=t.worked, test_fraction=t.test_fraction,
-                     decimal_demos=t.decimal_demos, seed=config.seed)
+                     decimal_demos=t.decimal_demos, seed=config.seed, template=t.template)
   if t.name == "preferences":
     return make_task("preferences", seed=config.seed, test_fraction=t.test_fraction, beta=config.preferences.beta)
   options: dict[str, Any] = {}
   if t.data_dir:
     options["data_dir"] = t.data_dir
+  options["template"] = t.template
   if t.name == "gsm8k":
-    options["template"] = t.template
     options["ascii_text"] = config.tokenizer == "char"
   return make_task(t.name, **options)
 
@@ -126,7 +126,7 @@ class RLTrainer:
     self.reward = build_reward(dict(config.reward.weights))
     self.correctness = build_reward({"correctness": 1.0})
     tok = ctx.tokenizer
-    scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+    scfg = sampling.config_from(config.sampling, tok)
     self.sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, rl.max_prompt_len, self.B,
                            dtype=rl.sampler_dtype or None)
     eval_scfg = dataclasses.replace(scfg, temperature=config.eval.temperature, greedy=False)
@@ -149,7 +149,7 @@ class RLTrainer:
 
   def _fitting(self, problems: list[Problem], what: str) -> list[Problem]:
     """The problems whose prompt fits `rl.max_prompt_len` tokens; says how many were left out."""
-    kept = [p for p in problems if len(tokenizer.encode_prompt(self.ctx.tokenizer, p.prompt)) <= self.rl.max_prompt_len]
+    kept = [p for p in problems if len(self.ctx.tokenizer.encode_prompt(p.prompt)) <= self.rl.max_prompt_len]
     if len(kept) < len(problems):
       self.log(f"rl: {len(problems) - len(kept)} of {len(problems)} {what} problems have prompts longer than "
                f"config.rl.max_prompt_len={self.rl.max_prompt_len} tokens and are left out")

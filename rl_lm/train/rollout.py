@@ -57,7 +57,7 @@ class Sampler:
     out = np.full((len(texts), self.prompt_len), self.tok.pad_id, np.int32)
     lengths = np.zeros((len(texts),), np.int32)
     for i, text in enumerate(texts):
-      ids = tokenizer.encode_prompt(self.tok, text)
+      ids = self.tok.encode_prompt(text)
       if len(ids) > self.prompt_len:
         raise ValueError(f"a prompt of {len(ids)} tokens exceeds the prompt length {self.prompt_len} "
                          f"(config.rl.max_prompt_len): {text[:60]!r}")

@@ -15,7 +15,7 @@ import time
 import jax
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import sampling, tokenizer
+from rl_lm import sampling
 from rl_lm.train.context import Context
 
 
@@ -27,11 +27,11 @@ def run(ctx: Context) -> None:
         f"({model_cfg.num_params() / 1e6:.2f}M params, {source}) on mesh {dict(mesh.shape)}", flush=True)
 
   texts = list(itertools.islice(itertools.cycle(config.sample.prompts), config.sample.batch_size))
-  prompts, lengths = sampling.pad_prompts([tokenizer.encode_prompt(tok, t) for t in texts], tok.pad_id, multiple=8)
+  prompts, lengths = sampling.pad_prompts([tok.encode_prompt(t) for t in texts], tok.pad_id, multiple=8)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules, prompts.shape)
   prompts = mesh_lib.put(prompts, batch_sharding)
   lengths = mesh_lib.put(lengths, mesh_lib.batch_sharding(mesh, rules, lengths.shape))
-  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  scfg = sampling.config_from(config.sampling, tok)
   generate = sampling.make_generate_fn(model_cfg, scfg, mesh, rules)
 
   records, timings = [], []

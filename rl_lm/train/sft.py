@@ -35,7 +35,7 @@ def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str
   loss_mask = np.zeros((B, max_len), bool)
   truncated = 0
   for i, (prompt, target) in enumerate(pairs):
-    p = tokenizer_lib.encode_prompt(tok, prompt)
+    p = tok.encode_prompt(prompt)
     t = tok.encode(target) + [tok.eos_id]
     ids = (p + t)[:max_len]
     truncated += len(p) + len(t) > max_len
