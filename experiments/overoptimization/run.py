@@ -61,7 +61,7 @@ def best_of_n(base: Path, seed: int, prompts: int, max_n: int, variant: str = ""
   rm = reward_model.load(ctx, str(base / "checkpoints" / "reward_model"))
   problems = task_from_config(config).test_problems(prompts, seed=seed)
   tok = ctx.tokenizer
-  scfg = sampling.config_from(config.sampling, tok.eos_id, tok.pad_id)
+  scfg = sampling.config_from(config.sampling, tok)
   rows = 512
   sampler = Sampler(ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, config.rl.max_prompt_len, rows)
   texts_in = [p.prompt for p in problems for _ in range(max_n)]
