@@ -30,9 +30,8 @@ import jax.numpy as jnp
 
 from rl_lm import mesh as mesh_lib
 from rl_lm.config import Sampling
-from rl_lm.models import transformer
+from rl_lm.models import scoring, transformer
 from rl_lm.models.presets import ModelConfig
-from rl_lm.rl import losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,10 +220,10 @@ def generate(
 def completion_logprobs(model_cfg: ModelConfig, params: Any, rollout: Rollout, temperature: float = 1.0) -> jax.Array:
   """The trainer's log-probs of a rollout's completion tokens under `params`. -> [B, P + N], 0 off-completion.
 
-  Scores the whole sequence with `transformer.forward` and the same temperature as the sampler.
+  Scores the whole sequence with the trainer's own function (`scoring.score_tokens`) at the sampler's temperature.
   """
-  logits = transformer.forward(model_cfg, params, rollout.tokens, rollout.prompt_mask | rollout.completion_mask)
-  taken = losses.next_token_logprobs(logits, rollout.tokens, temperature)  # [B, P + N], the trainer's own function
+  attn = rollout.prompt_mask | rollout.completion_mask
+  taken = scoring.score_tokens(model_cfg, params, rollout.tokens, attn, temperature).logp  # [B, P + N]
   return jnp.where(rollout.completion_mask, taken, 0.0)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rl_lm.rl import preference as pref
+from rl_lm.rl.losses import next_token_logprobs
 
 T, F = True, False
 
@@ -242,13 +243,14 @@ def test_sequence_logprobs_two_token_example():
   logits = jnp.array([[[0.0, 0.0], [ln3, 0.0], [1e9, jnp.nan]]] * 3)  # [3, 3, 2]
   tokens = jnp.array([[1, 0, 1]] * 3)  # [3, 3]: prompt token 1, completion 0, 1
   mask = jnp.array([[F, T, T], [F, F, T], [F, F, F]])
-  out = pref.sequence_logprobs(logits, tokens, mask)
+  lp = next_token_logprobs(logits, tokens)  # [3, 3]: the per-token log-probs every trainer scores with
+  out = pref.sequence_logprobs(lp, mask)
   # row 0: log p(0 | logits 0) + log p(1 | logits 1) = log 1/2 + log 1/4 = log 1/8 = -2.07944154
   # row 1: log 1/4 = -1.38629436; row 2: no completion -> 0
   close(out, [-2.07944154, -1.38629436, 0.0])
-  close(pref.sequence_logprobs(logits, tokens, mask, average=True), [-1.03972077, -1.38629436, 0.0])
+  close(pref.sequence_logprobs(lp, mask, average=True), [-1.03972077, -1.38629436, 0.0])
   # mask[:, 0] is never read (token 0 has no prediction)
-  close(pref.sequence_logprobs(logits, tokens, jnp.array([[T, T, T]] * 3))[0], -2.07944154)
+  close(pref.sequence_logprobs(lp, jnp.array([[T, T, T]] * 3))[0], -2.07944154)
 
 
 def test_concat_and_split_pairs():

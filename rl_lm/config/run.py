@@ -60,6 +60,8 @@ class Model(Section):
   dtype: str = knob("float32", DTYPES)  # compute dtype
   param_dtype: str = knob("float32", DTYPES)  # storage dtype of the parameters
   remat: bool = False  # rematerialise layers in the backward pass (saves memory)
+  logit_chunk: int = knob(0, "[0, inf)")  # positions scored at a time, so [B, T, V] logits never exist whole
+  #                                         (large vocabularies: 49k-152k); 0: the whole sequence at once
 
   def check(self) -> None:
     if self.hf_checkpoint:

@@ -14,7 +14,8 @@ from rl_lm.models.presets import ModelConfig
 
 def model_config(model: Any) -> ModelConfig:
   """`config.model` -> ModelConfig (for a preset; Hugging Face checkpoints carry their own)."""
-  return presets.get(model.preset, dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat)
+  return presets.get(model.preset, dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat,
+                     logit_chunk=model.logit_chunk)
 
 
 def init_params(cfg: ModelConfig, mesh: Mesh, rules: mesh_lib.Rules, rng: jax.Array) -> transformer.Params:
@@ -29,6 +30,6 @@ def load_or_init(model: Any, mesh: Mesh, rules: mesh_lib.Rules, rng: jax.Array) 
 
     cfg, params = hf.load(model.hf_checkpoint, mesh=mesh, rules=rules, dtype=model.dtype,
                           param_dtype=model.param_dtype)
-    return cfg.replace(remat=model.remat), params
+    return cfg.replace(remat=model.remat, logit_chunk=model.logit_chunk), params
   cfg = model_config(model)
   return cfg, init_params(cfg, mesh, rules, rng)

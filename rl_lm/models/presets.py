@@ -35,11 +35,14 @@ class ModelConfig:
   param_dtype: str = "float32"
   architecture: str = "llama"  # llama | qwen2: which Hugging Face class the weights map to
   remat: bool = False  # rematerialise each layer in the backward pass
+  logit_chunk: int = 0  # score this many positions at a time (rl_lm/models/scoring.py); 0: the whole sequence
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.logit_chunk < 0:
+      raise ValueError(f"ModelConfig.logit_chunk must be >= 0, got {self.logit_chunk}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
     for name in ("dtype", "param_dtype"):

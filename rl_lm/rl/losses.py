@@ -232,10 +232,13 @@ def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[j
   logits [B, T, V] predict targets [B, T] (already shifted: logits[:, t] scores targets[:, t]).
   Metrics: sft/nll (= loss), sft/accuracy (argmax hits), sft/tokens (number of counted tokens).
   """
+  return nll_from_scores(token_logprobs(logits, targets), jnp.argmax(logits, axis=-1) == targets, mask)
+
+
+def nll_from_scores(logp: jax.Array, hits: jax.Array, mask: jax.Array) -> tuple[jax.Array, Metrics]:
+  """`token_nll` from per-token log-probs and argmax hits [B, T] (rl_lm.models.scoring gives both)."""
   m = as_bool(mask)  # [B, T]
-  nll = -token_logprobs(logits, targets)  # [B, T]
-  loss = masked_mean(nll, m)
-  hits = jnp.argmax(logits, axis=-1) == targets
+  loss = masked_mean(-logp, m)
   metrics = {
     "sft/nll": jax.lax.stop_gradient(loss),
     "sft/accuracy": masked_mean(hits, m),

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm.rl.losses import next_token_logprobs
 from rl_lm.rl.masked import as_bool, masked_count, masked_mean, masked_sum
 
 LOSS_TYPES = ("dpo", "ipo")
@@ -152,14 +151,15 @@ def dpo_loss(
   return loss, metrics
 
 
-def sequence_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, average: bool = False) -> jax.Array:
-  """Log-probability of each row's completion. logits [B, T, V], tokens [B, T], mask [B, T] -> [B] float32.
+def sequence_logprobs(token_logp: jax.Array, mask: jax.Array, average: bool = False) -> jax.Array:
+  """Log-probability of each row's completion. token_logp, mask [B, T] -> [B] float32.
 
-  logits[:, t] predicts tokens[:, t + 1]; `mask[:, t]` marks tokens[:, t] as a completion token (prompt
-  and padding False). Returns the sum over t >= 1 of log softmax(logits[:, t - 1])[tokens[:, t]] where
-  mask[:, t]; with `average=True`, the mean over those tokens (0 for a row with none).
+  token_logp[:, t] is log p(tokens[:, t] | tokens[:, :t]) (`losses.next_token_logprobs` of the logits, or
+  `rl_lm.models.scoring.score_tokens(...).logp`); `mask[:, t]` marks tokens[:, t] as a completion token
+  (prompt and padding False). Returns the sum over t >= 1 of token_logp[:, t] where mask[:, t]; with
+  `average=True`, the mean over those tokens (0 for a row with none).
   """
-  lp = next_token_logprobs(logits, tokens)[:, 1:]  # [B, T-1]
+  lp = token_logp[:, 1:]  # [B, T-1]
   m = as_bool(mask)[:, 1:]  # [B, T-1]
   total = masked_sum(lp, m, axis=-1)  # [B]
   if average:

@@ -22,7 +22,7 @@ import numpy as np
 
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling
-from rl_lm.models import transformer
+from rl_lm.models import scoring
 from rl_lm.rl import kl as kl_lib
 from rl_lm.rl import preference
 from rl_lm.tasks.preferences import SyntheticPreferences, gold_score
@@ -43,8 +43,8 @@ def _stacked(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Arr
 def pair_logprobs(model_cfg: Any, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
   """Sequence log-probs of the completions, chosen rows then rejected rows, in one forward. -> [2B]"""
   tokens, mask, loss_mask = _stacked(batch)
-  logits = transformer.forward(model_cfg, params, tokens, mask)  # [2B, T, V]
-  return preference.sequence_logprobs(logits, tokens, loss_mask)
+  logp = scoring.score_tokens(model_cfg, params, tokens, mask).logp  # [2B, T]
+  return preference.sequence_logprobs(logp, loss_mask)
 
 
 def dpo_loss_fn(model_cfg: Any, cfg: Any):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from rl_lm import diagnostics, sampling
 from rl_lm import mesh as mesh_lib
-from rl_lm.models import heads, transformer
+from rl_lm.models import heads, scoring
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import kl as kl_lib
@@ -62,15 +62,6 @@ class TrainBatch(NamedTuple):
 
 # ------------------------------------------------------------------------------------------------
 # Per-token quantities
-
-
-def logprobs_and_entropy(cfg: ModelConfig, params: Any, tokens: jax.Array, mask: jax.Array, temperature: float
-                         ) -> tuple[jax.Array, jax.Array]:
-  """Log-prob of each token under params (temperature-scaled) and the entropy of the distribution it was
-  drawn from. tokens, mask [B, T] -> ([B, T], [B, T]); column 0 is 0 (nothing predicts it)."""
-  logits = transformer.forward(cfg, params, tokens, mask)  # [B, T, V]
-  ent = losses.entropy_from_logits(logits[:, :-1] / temperature)  # [B, T-1]
-  return losses.next_token_logprobs(logits, tokens, temperature), jnp.concatenate([jnp.zeros_like(ent[:, :1]), ent], 1)
 
 
 def token_values(cfg: ModelConfig, value_params: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
@@ -121,8 +112,8 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
   def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array):
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
-    old_logp, entropy = logprobs_and_entropy(cfg, policy, rollout.tokens, attn, temperature)
-    ref_logp, _ = logprobs_and_entropy(cfg, reference, rollout.tokens, attn, temperature)
+    old_logp, entropy, _ = scoring.score_tokens(cfg, policy, rollout.tokens, attn, temperature)  # [B, T] each
+    ref_logp = scoring.score_tokens(cfg, reference, rollout.tokens, attn, temperature).logp
     values = token_values(cfg, value, rollout.tokens, attn) if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
@@ -179,7 +170,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
 
   def micro_loss(params, mb: TrainBatch, kl_coef):
     policy, value = params
-    logp, ent = logprobs_and_entropy(cfg, policy, mb.tokens, mb.attn_mask, temperature)
+    logp, ent, _ = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature)  # [m, T] each
     mask = mb.mask
     loss, metrics = losses.policy_loss(
       logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from rl_lm import tokenizer as tokenizer_lib
-from rl_lm.models import transformer
+from rl_lm.models import scoring
 from rl_lm.rl import losses
 from rl_lm.tasks.base import Problem, Task
 from rl_lm.train import loop, stage_run
@@ -67,8 +67,8 @@ def sft_loss(model_cfg: Any):
 
   def loss_fn(params, batch, rng):
     del rng
-    logits = transformer.forward(model_cfg, params, batch["tokens"], batch["mask"])  # [B, L, V]
-    loss, metrics = losses.token_nll(logits[:, :-1], batch["tokens"][:, 1:], batch["loss_mask"][:, 1:])
+    scores = scoring.score_tokens(model_cfg, params, batch["tokens"], batch["mask"])  # [B, L] each
+    loss, metrics = losses.nll_from_scores(scores.logp, scores.hit, batch["loss_mask"])
     return loss, {f"sft/{k.split('/')[-1]}": v for k, v in metrics.items()}
 
   return loss_fn
