@@ -148,12 +148,12 @@ def record(trainer: RLTrainer, step: int = 1, before_update: Callable[[rl_update
     seen["batch"] = out[0]
     return out
 
-  def update_spy(state, batch, key):
+  def update_spy(state, batch, key, *frozen):
     trainer.update_fn = update_fn  # before_update may run updates of its own
     seen["data"] = {k: v for k, v in host(batch._asdict()).items() if v is not None}
     if before_update is not None:
       before_update(batch)
-    return update_fn(state, batch, key)
+    return update_fn(state, batch, key, *frozen)
 
   trainer.collect, trainer.update_fn = collect_spy, update_spy
   try:

@@ -51,6 +51,23 @@ class Logging(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Lora(Section):
+  """Low-rank adapters on the policy (rl_lm/models/lora.py): the rl stage trains them, the base stays frozen."""
+
+  KEY = "model.lora"
+  rank: int = knob(0, "[0, inf)")  # 0: off (every weight trains)
+  alpha: float = knob(16.0, "(0, inf)")  # the update is (alpha / rank) A B
+  targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # projections with an adapter
+
+  def check(self) -> None:
+    from rl_lm.models.lora import INPUT_AXES
+
+    bad = [t for t in self.targets if t not in INPUT_AXES]
+    self.require(bool(self.targets) and not bad, "targets",
+                 f"unknown projections {bad or list(self.targets)}; known: {', '.join(INPUT_AXES)}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Model(Section):
   """The policy network: a preset, or a Hugging Face checkpoint."""
 
@@ -62,6 +79,7 @@ class Model(Section):
   remat: bool = False  # rematerialise layers in the backward pass (saves memory)
   logit_chunk: int = knob(0, "[0, inf)")  # positions scored at a time, so [B, T, V] logits never exist whole
   #                                         (large vocabularies: 49k-152k); 0: the whole sequence at once
+  lora: Lora = dataclasses.field(default_factory=Lora)
 
   def check(self) -> None:
     if self.hf_checkpoint:

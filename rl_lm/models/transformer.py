@@ -32,6 +32,15 @@ Params = dict[str, Any]
 _NEG_INF = -1e30
 
 
+class LoraWeight(NamedTuple):
+  """A projection with a low-rank adapter (rl_lm/models/lora.py): x W + (x A) B, B already scaled by alpha / r.
+  w [L, *in, *out], a [L, *in, r], b [L, r, *out] (without L inside the layer scan)."""
+
+  w: jax.Array
+  a: jax.Array
+  b: jax.Array
+
+
 class KVCache(NamedTuple):
   """Preallocated keys and values of every layer. k, v: [L, B, S, K, Dh]."""
 
@@ -172,14 +181,21 @@ def _dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
   return flat.reshape(*lead, *outer)
 
 
+def _project(x: jax.Array, w: jax.Array | LoraWeight, dt: Any, n_in: int = 1) -> jax.Array:
+  """x times a projection weight in compute dtype `dt`; with a LoRA adapter, x W + (x A) B, factorised."""
+  if isinstance(w, LoraWeight):
+    return _dense(x, w.w.astype(dt), n_in) + _dense(_dense(x, w.a.astype(dt), n_in), w.b.astype(dt))
+  return _dense(x, w.astype(dt), n_in)
+
+
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, allowed: jax.Array,
            cache: tuple[jax.Array, jax.Array] | None, index: jax.Array | None):
   """One pre-norm block. x [B,T,D]; cache (k, v) [B,S,K,Dh] written at `index` when given."""
   dt = cfg.compute_dtype
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-  q = _dense(h, lp["wq"].astype(dt))  # [B, T, H, Dh]
-  k = _dense(h, lp["wk"].astype(dt))  # [B, T, K, Dh]
-  v = _dense(h, lp["wv"].astype(dt))
+  q = _project(h, lp["wq"], dt)  # [B, T, H, Dh]
+  k = _project(h, lp["wk"], dt)  # [B, T, K, Dh]
+  v = _project(h, lp["wv"], dt)
   if cfg.qkv_bias:
     q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
   q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
@@ -195,13 +211,13 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
   else:
     attn = _attention(cfg, q, k, v, allowed)
     new_cache = None
-  x = x + _dense(attn, lp["wo"].astype(dt), n_in=2)
+  x = x + _project(attn, lp["wo"], dt, n_in=2)
   x = constrain(x, ("batch", "length", "embed"))
   h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-  gate = _dense(h, lp["w_gate"].astype(dt))  # [B, T, F]
-  up = _dense(h, lp["w_up"].astype(dt))
+  gate = _project(h, lp["w_gate"], dt)  # [B, T, F]
+  up = _project(h, lp["w_up"], dt)
   hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-  x = x + _dense(hidden, lp["w_down"].astype(dt))
+  x = x + _project(hidden, lp["w_down"], dt)
   return constrain(x, ("batch", "length", "embed")), new_cache
 
 

@@ -29,6 +29,7 @@ from rl_lm import diagnostics, evaluation, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm import metrics as metrics_lib
 from rl_lm.models import heads
+from rl_lm.models import lora as lora_lib
 from rl_lm.rewards import build_reward
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import kl as kl_lib
@@ -139,6 +140,7 @@ class RLTrainer:
     self.test_problems = self._fitting(self.task.test_problems(config.task.eval_size, seed=config.seed), "held-out")
     self.alarm_cfg = diagnostics.AlarmConfig.from_section(rl.alarms)
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
+    self.lora = lora_lib.from_section(config.model)  # None: every weight trains
     self.learned = None  # a reward_model.RewardModel when config.reward.learned
     if config.reward.learned:
       self.learned = (reward_model.load(ctx, config.reward.model_checkpoint) if config.reward.model_checkpoint
@@ -168,10 +170,24 @@ class RLTrainer:
     self.policy_opt = state_lib.make_optimizer(rl.learning_rate, weight_decay=rl.weight_decay,
                                                warmup_steps=rl.warmup_steps, grad_clip=rl.grad_clip)
     self.value_opt = state_lib.make_optimizer(rl.value.learning_rate, grad_clip=rl.grad_clip) if is_ppo else None
-    self.reference = stage_run.frozen_copy(ctx.policy)  # never donated
-    policy_sh = state_lib.state_shardings(self.policy_opt, jax.eval_shape(lambda: ctx.policy), ctx.param_shardings,
-                                          ctx.mesh)
-    policy_state = state_lib.create(stage_run.frozen_copy(ctx.policy), self.policy_opt, ctx.mesh, ctx.param_shardings)
+    if self.lora:  # the base is the reference (the policy with its adapters off): one copy of the weights
+      self.reference = ctx.policy
+      init = lambda r: lora_lib.init(ctx.model_cfg, self.lora, r)
+      abstract = jax.eval_shape(init, jax.random.key(0))
+      trainable_sh = mesh_lib.tree_shardings(ctx.mesh, ctx.rules, abstract,
+                                             lora_lib.param_axes(ctx.model_cfg, self.lora))
+      trainable = jax.jit(init, out_shardings=trainable_sh)(jax.random.fold_in(ctx.key, 6))
+    else:
+      self.reference = stage_run.frozen_copy(ctx.policy)  # never donated
+      trainable, trainable_sh = stage_run.frozen_copy(ctx.policy), ctx.param_shardings
+    policy_sh = state_lib.state_shardings(self.policy_opt, jax.eval_shape(lambda: trainable), trainable_sh, ctx.mesh)
+    policy_state = state_lib.create(trainable, self.policy_opt, ctx.mesh, trainable_sh)
+    if self.lora:
+      opt_bytes = sum(x.nbytes for x in jax.tree.leaves(policy_state.opt_state))
+      self.log(f"rl: LoRA rank {self.lora.rank} on {', '.join(self.lora.targets)}: "
+               f"{lora_lib.num_params(trainable):,} trainable parameters "
+               f"({lora_lib.num_params(trainable) / lora_lib.num_params(ctx.policy):.2%} of "
+               f"{lora_lib.num_params(ctx.policy):,}), optimizer state {opt_bytes / 2**20:.1f} MiB")
     value_state, value_sh = None, None
     if is_ppo:
       axes = heads.param_axes(ctx.model_cfg)
@@ -187,10 +203,19 @@ class RLTrainer:
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
     self._shardings = shardings
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
-                                              (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules)
-    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules)
+                                              (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules,
+                                              self.lora)
+    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora)
     batch_sh = mesh_lib.batch_sharding(ctx.mesh, ctx.rules, (self.B,))  # dim 0 of every [B, ...] array
     self._take = jax.jit(lambda tree, rows: jax.tree.map(lambda x: x[rows], tree), out_shardings=batch_sh)
+
+  def policy(self) -> Any:
+    """The current policy's parameters as the model takes them (with LoRA: the base carrying the adapters)."""
+    return rl_update.policy_params(self.state.policy.params, self.reference, self.lora)
+
+  def merged(self, trainable: Any) -> Any:
+    """Plain parameters of a trained policy (LoRA merged in), for the stages after RL and for export."""
+    return lora_lib.merge(self.reference, trainable, self.lora) if self.lora else trainable
 
   # --- one step ----------------------------------------------------------------------------------
 
@@ -206,7 +231,7 @@ class RLTrainer:
       jax.block_until_ready(train_batch)
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
       key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 4), step)
-      self.state, update_metrics = self.update_fn(self.state, train_batch, key)
+      self.state, update_metrics = self.update_fn(self.state, train_batch, key, self.reference if self.lora else None)
       rollout_metrics, update_metrics = mesh_lib.fetch((rollout_metrics, update_metrics))
     flags = update_metrics.pop("train/skipped_flags")
     self._skips.count(flags.tolist(), [update_metrics] * len(flags), step)
@@ -218,7 +243,7 @@ class RLTrainer:
     """G episodes per problem, scored; the configured rewards, or the learned one with them as the gold."""
     rows = [p for p in problems for _ in range(self.G)]
     with diagnostics.timed(timings, "sampling"):
-      rollout, host, texts = self.sampler.rollout(self.state.policy.params, [p.prompt for p in rows], rng)
+      rollout, host, texts = self.sampler.rollout(self.policy(), [p.prompt for p in rows], rng)
     with diagnostics.timed(timings, "scoring"):
       results = self.reward.batch(rows, texts)
       scores = np.asarray([r.score for r in results], np.float32)
@@ -299,7 +324,7 @@ class RLTrainer:
     # The same key at every evaluation (common random numbers): before/after differences reflect the
     # policy, not a fresh draw of sampling noise.
     key = jax.random.fold_in(self.ctx.key, 5)
-    params = self.state.policy.params
+    params = self.policy()
 
     sampled: list[tuple[str, str]] = []
 
@@ -359,7 +384,7 @@ class RLTrainer:
       state, params, extra = stage.start(self.ctx, self._checkpoint_targets(), lambda _: self.state,
                                          from_items=self._state_from_items)
       if stage.complete:
-        self.ctx.policy = params
+        self.ctx.policy = self.merged(params)
         return stage.read_summary()
       self.state = state
       return self._run(stage, extra)
@@ -405,7 +430,7 @@ class RLTrainer:
       self.log(f"rl: after RL:  {_eval_line(after)}")
       self.log(f"rl: {evaluation.compare(before, after)}")
     stage.finish(summary)
-    self.ctx.policy = self.state.policy.params
+    self.ctx.policy = self.merged(self.state.policy.params)
     return summary
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from rl_lm import diagnostics, sampling
 from rl_lm import mesh as mesh_lib
-from rl_lm.models import heads, scoring
+from rl_lm.models import heads, lora, scoring
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import kl as kl_lib
@@ -100,8 +100,16 @@ def advantages(rl: Any, scores: jax.Array, trains: jax.Array, completion_mask: j
 # prepare
 
 
-def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules) -> Callable:
+def policy_params(trainable: Any, reference: Any, lora_cfg: lora.LoraConfig | None) -> Any:
+  """The policy's parameters as the model takes them: `trainable` itself, or with LoRA the reference (the frozen
+  base) carrying the trainable adapters."""
+  return lora.combine(reference, trainable, lora_cfg) if lora_cfg else trainable
+
+
+def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules,
+                    lora_cfg: lora.LoraConfig | None = None) -> Callable:
   """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef) -> (TrainBatch, metrics).
+  `policy` is the trainable tree (the adapters, with `lora_cfg`).
 
   Everything between the scores and the update: old and reference log-probs, values, advantages (with the
   KL penalty in the reward when configured), truncated importance weights, and the rollout's run-health
@@ -112,6 +120,7 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
   def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array):
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
+    policy = policy_params(policy, reference, lora_cfg)
     old_logp, entropy, _ = scoring.score_tokens(cfg, policy, rollout.tokens, attn, temperature)  # [B, T] each
     ref_logp = scoring.score_tokens(cfg, reference, rollout.tokens, attn, temperature).logp
     values = token_values(cfg, value, rollout.tokens, attn) if is_ppo else None
@@ -153,8 +162,12 @@ def micro_weights(mask: jax.Array, mode: str) -> jax.Array:
 
 
 def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant: int, optimizers: tuple,
-                   shardings: RLState, mesh: Any, rules: mesh_lib.Rules) -> Callable:
-  """update_fn(state, batch: TrainBatch, key) -> (state, metrics), jitted once with the state donated.
+                   shardings: RLState, mesh: Any, rules: mesh_lib.Rules, lora_cfg: lora.LoraConfig | None = None
+                   ) -> Callable:
+  """update_fn(state, batch: TrainBatch, key, frozen=None) -> (state, metrics), jitted once with the state donated.
+
+  With `lora_cfg` the policy state holds the adapters and `frozen` is the base they ride on (the reference
+  policy, never donated); gradients and optimizer state exist for the adapters only.
 
   The whole optimisation of one step runs inside: `rl.epochs` passes, each over a permutation of the B rows
   drawn on device from `key`, cut into `rl.minibatches` optimizer steps of `rl.grad_accum` micro-batches
@@ -168,8 +181,9 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   is_ppo = rl.algorithm == "ppo"
   E, M, A = rl.epochs, rl.minibatches, rl.grad_accum
 
-  def micro_loss(params, mb: TrainBatch, kl_coef):
+  def micro_loss(params, mb: TrainBatch, kl_coef, frozen):
     policy, value = params
+    policy = policy_params(policy, frozen, lora_cfg)
     logp, ent, _ = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature)  # [m, T] each
     mask = mb.mask
     loss, metrics = losses.policy_loss(
@@ -198,14 +212,14 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def optimizer_step(state: RLState, minibatch: TrainBatch) -> tuple[RLState, dict[str, jax.Array]]:
+  def optimizer_step(state: RLState, minibatch: TrainBatch, frozen: Any) -> tuple[RLState, dict[str, jax.Array]]:
     """One optimizer step on a minibatch of A micro-batches [A, m, T], gradients accumulated by weight."""
     params = (state.policy.params, state.value.params if state.value is not None else None)
     weights = micro_weights(minibatch.mask, rl.loss_mode)  # [A]
 
     def micro(acc, xs):
       mb, w = xs
-      (_, metrics), grads = grad_fn(params, mb, state.kl.coef)
+      (_, metrics), grads = grad_fn(params, mb, state.kl.coef, frozen)
       acc_grads, acc_metrics = acc
       acc_grads = jax.tree.map(lambda a, g: a + w * g, acc_grads, grads)
       acc_metrics = {k: jnp.maximum(a, metrics[k]) if is_max_metric(k) else a + w * metrics[k]
@@ -213,7 +227,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       return (acc_grads, acc_metrics), None
 
     first = jax.tree.map(lambda x: x[0], minibatch)
-    shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef)[0][1])
+    shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef, frozen)[0][1])
     zeros = (jax.tree.map(jnp.zeros_like, params), {k: jnp.zeros(s.shape, jnp.float32) for k, s in shapes.items()})
     (grads, metrics), _ = jax.lax.scan(micro, zeros, (minibatch, weights))
 
@@ -233,7 +247,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     metrics["train/skipped"] = (~ok).astype(jnp.float32)
     return RLState(state_lib.accept(ok, new_policy, state.policy), new_value, state.kl), metrics
 
-  def epoch(state: RLState, key: jax.Array, batch: TrainBatch) -> tuple[RLState, dict[str, jax.Array]]:
+  def epoch(state: RLState, key: jax.Array, batch: TrainBatch, frozen: Any) -> tuple[RLState, dict[str, jax.Array]]:
     B = batch.tokens.shape[0]
     m = B // (M * A)
     order = jax.random.permutation(key, B)
@@ -242,10 +256,11 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       x = jnp.take(x, order, axis=0).reshape((M, A, m) + x.shape[1:])
       return mesh_lib.constrain(x, (None, None, "batch") + (None,) * (x.ndim - 3))
 
-    return jax.lax.scan(optimizer_step, state, jax.tree.map(cut, batch))
+    return jax.lax.scan(lambda s, mb: optimizer_step(s, mb, frozen), state, jax.tree.map(cut, batch))
 
-  def update(state: RLState, batch: TrainBatch, key: jax.Array) -> tuple[RLState, dict[str, jax.Array]]:
-    state, per_step = jax.lax.scan(lambda s, k: epoch(s, k, batch), state, jax.random.split(key, E))  # [E, M] each
+  def update(state: RLState, batch: TrainBatch, key: jax.Array, frozen: Any = None
+             ) -> tuple[RLState, dict[str, jax.Array]]:
+    state, per_step = jax.lax.scan(lambda s, k: epoch(s, k, batch, frozen), state, jax.random.split(key, E))  # [E, M]
     metrics = {k: (jnp.max if is_max_metric(k) else jnp.mean)(v) for k, v in per_step.items()}
     metrics["train/skipped"] = jnp.sum(per_step["train/skipped"])
     metrics["train/skipped_flags"] = per_step["train/skipped"].reshape(-1)
