@@ -91,6 +91,11 @@ def _run(config: object, workdir: str) -> None:
     if main_process:
       print(f"rl_lm: stage {name}", flush=True)
     stages.STAGES[name](ctx)
+  if config.export_dir and main_process:  # transformers loads it: weights, config.json, the checkpoint's tokenizer
+    from rl_lm.models import hf
+
+    hf.export(config.export_dir, ctx.model_cfg, ctx.policy, config.model.hf_checkpoint or None)
+    print(f"rl_lm: exported the policy to {config.export_dir}", flush=True)
   if main_process:
     metrics.write_done(workdir, list(config.stages))
 

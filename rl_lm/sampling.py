@@ -125,7 +125,7 @@ def _generate(
 
   # PREFILL: the whole prompt at slots [0, P), first token drawn from the last slot's logits.
   logits, cache = transformer.forward_cached(
-    model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask
+    model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask, last_only=True
   )
   tok, logp = sample_token(logits[:, -1], jax.random.fold_in(rng, 0), cfg)
   out_tokens = jnp.full((B, N), cfg.pad_id, jnp.int32).at[:, 0].set(tok)

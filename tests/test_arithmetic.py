@@ -133,3 +133,17 @@ def test_difficulty_levels_separate_a_simple_baseline():
 def test_unknown_level_is_rejected():
   with pytest.raises(ValueError, match="known"):
     ArithmeticTask(levels=(9,))
+
+
+def test_chat_prompts_accept_a_pure_equation_ending_in_the_answer_and_nothing_looser():
+  from rl_lm.tasks.arithmetic import ArithmeticTask
+
+  chat, plain = (ArithmeticTask(levels=(2,), template=t).make_problem("79+87", 2) for t in ("chat", "plain"))
+  assert chat.prompt == "What is 79+87?" and chat.metadata["answer_form"] == "equation"
+  fair = ["166", "79 + 87 = 166", "79 + 87 = 166.", "79+87 = 80+86 = 166", "Let me see.\n79 + 87 = 166", "79 x 2 = 166"]
+  unfair = ["The sum is 166", "79 + 87 != 166", "79 + 87 = 166 or 167", "= 166", " = 166", "79 + 87 == 166",
+            "79 + 87 <= 166", "not 166", "79 + 87 = 166\n167", "79 + 87 = 0166", "79 + 87 = 166.0", "79 + 87 ≈ 166",
+            "x = 166", "79 + 87 = 166!", "79 + 87 = 165 + 1", "79 + 87 = 166 (maybe)", "79 + 87 = -166", ""]
+  assert [is_correct(chat, c) for c in fair] == [True] * len(fair)
+  assert [c for c in unfair if is_correct(chat, c)] == []
+  assert not is_correct(plain, "79 + 87 = 166") and is_correct(plain, "166")  # the plain task stays bare-integer

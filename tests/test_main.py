@@ -42,11 +42,17 @@ def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path):
   run = subprocess.run(
     [sys.executable, "-m", "rl_lm.main", "--config=configs/default.py:smoke", f"--workdir={tmp_path}",
      "--config.sft.steps=4", "--config.sft.log_every=2", "--config.rl.steps=2", "--config.logging.tensorboard=True",
-     "--config.logging.wandb_mode=offline", "--verbosity=-1"],
+     "--config.logging.wandb_mode=offline", f"--config.export_dir={tmp_path / 'export'}", "--verbosity=-1"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
   )
   assert run.returncode == 0, run.stderr[-2000:]
   assert "W&B did not start" not in run.stderr
+  # The final policy, exported as a Hugging Face folder, loads back to the same parameters.
+  from rl_lm.models import hf
+
+  assert f"rl_lm: exported the policy to {tmp_path / 'export'}" in run.stdout
+  cfg, exported = hf.load(str(tmp_path / "export"))
+  assert cfg.n_layers == 2 and sorted(os.listdir(tmp_path / "export")) == ["config.json", "model.safetensors"]
   sft_rows = read_jsonl(tmp_path / "sft_metrics.jsonl")
   rl_rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/reward_mean" in r]
   tb_sft, tb_rl = read_tensorboard(tmp_path / "tensorboard" / "sft"), read_tensorboard(tmp_path / "tensorboard" / "rl")

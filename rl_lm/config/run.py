@@ -22,6 +22,7 @@ class Run(Section):
   stages: tuple[str, ...] = ("sample",)  # run in order; see rl_lm.config.STAGES
   tokenizer: str = knob("char", ("char", "hf"))  # "char" (built-in tasks) or "hf" (from model.hf_checkpoint)
   stop_after_nonfinite: int = knob(5, "(0, inf)")  # skipped updates in a row (NaN/inf loss or gradients) that stop it
+  export_dir: str = ""  # after the last stage, the policy (LoRA merged) as a Hugging Face folder here; "": none
 
   def check(self) -> None:
     self.require(len(self.stages) > 0, "stages", "must name at least one stage")

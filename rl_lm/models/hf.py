@@ -513,3 +513,23 @@ def save(checkpoint_dir: str, cfg: ModelConfig, params: Params, max_shard_bytes:
 def load_tokenizer(checkpoint_dir: str) -> HFTokenizer:
   """The tokenizer of a checkpoint directory (tokenizer.json, with specials from tokenizer_config.json)."""
   return HFTokenizer(checkpoint_dir)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+
+
+def export(out_dir: str, cfg: ModelConfig, params: Params, tokenizer_dir: str | None = None) -> list[str]:
+  """A folder that transformers' `AutoModelForCausalLM` / `AutoTokenizer` load: `save(out_dir, cfg, params)` (merge
+  LoRA adapters first, `lora.merge`) plus the tokenizer files of `tokenizer_dir` (the checkpoint the run started
+  from), chat template included. Returns the files written."""
+  import shutil
+
+  save(out_dir, cfg, params)
+  copied = []
+  for name in TOKENIZER_FILES if tokenizer_dir else ():
+    src = os.path.join(tokenizer_dir, name)
+    if os.path.isfile(src):
+      shutil.copyfile(src, os.path.join(out_dir, name))
+      copied.append(name)
+  return sorted(os.listdir(out_dir))

@@ -286,9 +286,11 @@ def cache_axes() -> KVCache:
 
 def forward_cached(
   cfg: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
-  index: jax.Array, kv_mask: jax.Array,
+  index: jax.Array, kv_mask: jax.Array, last_only: bool = False,
 ) -> tuple[jax.Array, KVCache]:
-  """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache).
+  """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache); with
+  `last_only`, the logits of the last position alone ([B, 1, V]: a prefill needs no more, and with a large
+  vocabulary the others would cost B * T * V floats).
 
   positions [B, T] int32: rotary positions of the new tokens. kv_mask [B, S] bool: which cache
   slots hold real tokens, the new ones included. Slot s is visible to new token t when
@@ -311,5 +313,5 @@ def forward_cached(
     return x, (k_l, v_l)
 
   x, (k, v) = jax.lax.scan(body, _embed(cfg, params, tokens), (params["layers"], cache.k, cache.v))
-  h = rms_norm(x, params["final_norm"], cfg.rms_eps)
+  h = rms_norm(x[:, -1:] if last_only else x, params["final_norm"], cfg.rms_eps)
   return logits_from_hidden(cfg, params, h), KVCache(k, v)

@@ -43,7 +43,7 @@ class FormatReward:
 
   def __call__(self, problem: Problem, completion: str) -> RewardResult:
     if problem.task == arithmetic.TASK_NAME:
-      ok = arithmetic.parse_completion(completion) is not None
+      ok = arithmetic.answer_of(problem, completion) is not None
     elif problem.task in ("gsm8k", "maths"):
       ok = maths_format_ok(completion)
     elif problem.task in ("humaneval", "code"):

@@ -89,7 +89,7 @@ class ArithmeticReward:
   name = "arithmetic"
 
   def __call__(self, problem: Problem, completion: str) -> RewardResult:
-    got = arithmetic.parse_completion(completion)
+    got = arithmetic.answer_of(problem, completion)
     return RewardResult(float(got == problem.answer), "ok", {"extracted": got})
 
   def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:

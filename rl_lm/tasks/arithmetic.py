@@ -16,8 +16,12 @@ Earlier lines are free working and are never read, so listing candidates cannot 
 With `worked=True` the reference completion shows one operation per line before the answer, e.g.
 "7*3=21\\n12+21=33\\n33", which can help a small model on multi-operand levels.
 
-With `template="chat"` the prompt is a question for an instruct model ("What is 12+7*3? ..."), which the
-tokenizer frames as a user turn with the checkpoint's chat template; verification is the same.
+With `template="chat"` the prompt is a question for an instruct model ("What is 12+7*3?"), which the
+tokenizer frames as a user turn with the checkpoint's chat template. Such a model answers in sentences or
+equations, so its problems (`metadata["answer_form"] == "equation"`) also accept a last line that is a
+pure equation ending in the answer, "12 + 7*3 = 12 + 21 = 33" (an optional final period): digits,
+operators, parentheses and single "=" only, so "not 33", "33 or 34", "!= 33", "<= 33" and any words
+still score 0.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from rl_lm.tasks.base import Problem
 
 TASK_NAME = "arithmetic"
 # The prompt of an expression, by template: the bare "12+7*3=", or a question for a chat model's user turn.
-CHAT_PROMPTS = {"plain": "{expr}=", "chat": "What is {expr}? Reply with the integer alone, on its own line."}
+CHAT_PROMPTS = {"plain": "{expr}=", "chat": "What is {expr}?"}
+_TERM = r"(?=[^=]*[0-9])[0-9+\-*×x() ]+"  # one side of an equation: arithmetic only, with a digit in it
+_EQUATION_RE = re.compile(rf"{_TERM}(?:={_TERM})*=\s*(-?(?:0|[1-9][0-9]*))")
 _INT_RE = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2}
 
@@ -210,18 +216,27 @@ def problem_id(expr: str) -> str:
 # --- verification --------------------------------------------------------------------------------
 
 
-def parse_completion(completion: str) -> str | None:
-  """The final answer of a completion (its last line, stripped) if it is a canonical integer, else None."""
+def parse_completion(completion: str, equation: bool = False) -> str | None:
+  """The final answer of a completion (its last line, stripped) if it is a canonical integer, else None.
+  With `equation`, a last line that is a pure equation ending in a canonical integer gives that integer."""
   lines = completion.strip().splitlines()
   if not lines:
     return None
   last = lines[-1].strip()
+  if equation and not _INT_RE.fullmatch(last):
+    m = _EQUATION_RE.fullmatch(last.removesuffix(".").rstrip())
+    last = m.group(1) if m else ""
   return last if _INT_RE.fullmatch(last) and last != "-0" else None
+
+
+def answer_of(problem: Problem, completion: str) -> str | None:
+  """`parse_completion` in the problem's answer form (an equation is allowed for chat prompts)."""
+  return parse_completion(completion, equation=problem.metadata.get("answer_form") == "equation")
 
 
 def is_correct(problem: Problem, completion: str) -> bool:
   """Exact check: the completion's final answer equals the gold integer, digit for digit."""
-  return parse_completion(completion) == problem.answer
+  return answer_of(problem, completion) == problem.answer
 
 
 # --- task ----------------------------------------------------------------------------------------
@@ -246,6 +261,7 @@ class ArithmeticTask:
     if template not in CHAT_PROMPTS:
       raise ValueError(f"template must be one of {sorted(CHAT_PROMPTS)}, got {template!r}")
     self.prompt_format = CHAT_PROMPTS[template]
+    self.metadata = {"answer_form": "equation"} if template == "chat" else {}
     self.levels = tuple(levels)
     self.test_fraction = test_fraction
     self.worked = worked
@@ -258,7 +274,7 @@ class ArithmeticTask:
     reference = "\n".join([*worked_steps(expr), answer]) if self.worked else answer
     return Problem(
       id=problem_id(expr), prompt=self.prompt_format.format(expr=expr), answer=answer, difficulty=level,
-      task=TASK_NAME, reference=reference
+      task=TASK_NAME, reference=reference, metadata=self.metadata
     )
 
   def _stream(self, split: str, seed: int, levels: Sequence[int] | None) -> Iterator[Problem]:
