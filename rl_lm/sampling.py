@@ -97,7 +97,8 @@ def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
 
 
 def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32).
+  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32). rng: one
+  key, or [B] keys (one per row).
 
   The log-prob is of the temperature-scaled, untruncated distribution (see module docstring).
   Sampling is by inverse CDF with one uniform per row, which is exact and cheaper than Gumbel noise
@@ -112,7 +113,11 @@ def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tupl
     filtered = filter_logits(scaled, cfg.top_k, cfg.top_p)
     probs = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
     cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
+    if rng.ndim:  # one key per row: a row's draw does not depend on which rows share its batch
+      u = jax.vmap(lambda key: jax.random.uniform(key, (1,), jnp.float32))(rng)
+    else:
+      u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32)
+    u = u * cdf[:, -1:]
     tokens = jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
     # Rounding can push u onto the total mass; never step past the last drawable token.
     V = logits.shape[-1]

@@ -292,6 +292,8 @@ def forward_cached(
   window: attend over cache slots [0, window) only (static; every slot at or before index + T - 1 must
   lie inside it), so a step costs what the filled part of the cache costs, not all S slots. The cache is
   carried through the layer loop and written in place: a step writes T slots per layer, never a new cache.
+  index: a scalar (every row writes slots index..index+T-1), or [B] int32 with T = 1 (row b writes slot
+  index[b]: rows at different lengths, as in continuous batching).
   """
   chex.assert_rank(tokens, 2)  # checked while tracing: free per step
   chex.assert_type(tokens, int)
@@ -305,17 +307,30 @@ def forward_cached(
   dt = cfg.compute_dtype
   cos, sin = rope_tables(cfg, positions)
   slots = jnp.arange(W)[None, :]
-  causal = slots <= (index + jnp.arange(T))[:, None]  # [T, W]
-  allowed = causal[None] & kv_mask[:, :W].astype(bool)[:, None, :]  # [B, T, W]
+  index = jnp.asarray(index, jnp.int32)
+  per_row = index.ndim == 1
+  if per_row:
+    chex.assert_shape(index, (B,))
+    if T != 1:
+      raise ValueError(f"a per-row index needs one new token per row, got T = {T}")
+    causal = (slots <= index[:, None])[:, None, :]  # [B, 1, W]
+  else:
+    causal = (slots <= (index + jnp.arange(T))[:, None])[None]  # [1, T, W]
+  allowed = causal & kv_mask[:, :W].astype(bool)[:, None, :]  # [B, T, W]
+  rows = jnp.arange(B)
   window_shape = (1, B, W, cfg.n_kv_heads, cfg.head_dim)
 
   def body(carry, lp):
     x, k_all, v_all, layer = carry  # k_all, v_all [L, B, S, K, Dh]
 
     def attend(q, k, v):
-      at = (layer, 0, index, 0, 0)
-      k_new = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
-      v_new = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+      if per_row:  # one slot per row, scattered in place
+        k_new = k_all.at[layer, rows, index].set(k[:, 0].astype(k_all.dtype))
+        v_new = v_all.at[layer, rows, index].set(v[:, 0].astype(v_all.dtype))
+      else:
+        at = (layer, 0, index, 0, 0)
+        k_new = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
+        v_new = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
       k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), window_shape)[0]  # [B, W, K, Dh]
       v_w = jax.lax.dynamic_slice(v_new, (layer, 0, 0, 0, 0), window_shape)[0]
       k_w = constrain(k_w, ("batch", "cache_length", "kv_heads", "head_dim"))
