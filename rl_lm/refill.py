@@ -117,3 +117,14 @@ def make_generate_fn(
     return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
 
   return fn
+
+
+def generate_fn(
+  model_cfg: ModelConfig, cfg: sampling.SamplingConfig, mesh: jax.sharding.Mesh | None = None,
+  rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES,
+) -> Callable[..., sampling.Rollout]:
+  """The sampler `config.sampling` asks for: continuous batching over `cfg.slots` rows, or (slots 0) the static
+  batch of `sampling.make_generate_fn`. The same call and result either way."""
+  if cfg.slots:
+    return make_generate_fn(model_cfg, cfg, cfg.slots, mesh, rules)
+  return sampling.make_generate_fn(model_cfg, cfg, mesh, rules)
