@@ -53,24 +53,52 @@ class Rollout(NamedTuple):
   finished: jax.Array  # [B] bool, stopped on a stop token rather than truncated
 
 
+def _sortable(x: jax.Array) -> jax.Array:
+  """float32 -> uint32 keys in the same order (-inf lowest), so a threshold can be searched bit by bit."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
+
+
+def _largest_threshold(keys: jax.Array, enough: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """Per row, the largest key t for which `enough(keys >= t)` holds ([B, V] bool -> [B] bool, monotone: true
+  for t = 0). Bisection over the 32 key bits: 32 passes over [B, V] and no sort. keys [B, V] uint32 -> [B, 1]."""
+  B = keys.shape[0]
+
+  def body(_, bounds):
+    lo, hi = bounds  # enough(lo) holds; the answer lies in [lo, hi]
+    gap = hi - lo
+    mid = lo + (gap >> 1) + (gap & 1)  # upper midpoint, no overflow
+    ok = enough(keys >= mid[:, None])
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+  zero = jnp.zeros((B,), jnp.uint32)
+  lo, _ = jax.lax.fori_loop(0, 32, body, (zero, zero + jnp.uint32(0xFFFFFFFF)))
+  return lo[:, None]
+
+
 def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """Sets logits outside the top-k and outside the top-p nucleus to -inf. [B, V] -> [B, V]."""
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf. [B, V] -> [B, V].
+
+  Top-k keeps every logit at least the k-th largest (ties included); top-p keeps the smallest set of most
+  probable tokens whose mass reaches p (ties at its least probable included). Both thresholds are found by
+  bisection on the values' bits (`_largest_threshold`), exactly, without sorting the vocabulary.
+  """
   neg = jnp.asarray(-jnp.inf, logits.dtype)
   if top_k and top_k < logits.shape[-1]:
-    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
-    logits = jnp.where(logits < kth, neg, logits)
+    keys = _sortable(logits)
+    kth = _largest_threshold(keys, lambda kept: jnp.sum(kept, axis=-1) >= top_k)
+    logits = jnp.where(keys < kth, neg, logits)
   if top_p < 1.0:
     probs = jax.nn.softmax(logits, axis=-1)
-    sorted_probs = -jnp.sort(-probs, axis=-1)
-    before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass strictly before each sorted token
-    kept = jnp.where(before < top_p, sorted_probs, jnp.inf)
-    threshold = jnp.min(kept, axis=-1, keepdims=True)
-    logits = jnp.where(probs < threshold, neg, logits)
+    keys = _sortable(probs)
+    least = _largest_threshold(keys, lambda kept: jnp.sum(jnp.where(kept, probs, 0.0), axis=-1) >= top_p)
+    logits = jnp.where(keys < least, neg, logits)
   return logits
 
 
 def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32).
+  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32). rng: one
+  key, or [B] keys (one per row).
 
   The log-prob is of the temperature-scaled, untruncated distribution (see module docstring).
   Sampling is by inverse CDF with one uniform per row, which is exact and cheaper than Gumbel noise
@@ -85,7 +113,11 @@ def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tupl
     filtered = filter_logits(scaled, cfg.top_k, cfg.top_p)
     probs = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
     cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
+    if rng.ndim:  # one key per row: a row's draw does not depend on which rows share its batch
+      u = jax.vmap(lambda key: jax.random.uniform(key, (1,), jnp.float32))(rng)
+    else:
+      u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32)
+    u = u * cdf[:, -1:]
     tokens = jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
     # Rounding can push u onto the total mass; never step past the last drawable token.
     V = logits.shape[-1]
@@ -93,6 +125,16 @@ def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tupl
     tokens = jnp.minimum(tokens, last)
   logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
   return tokens, logp
+
+
+def decode_windows(prompt_slots: int, new_tokens: int, smallest: int) -> tuple[int, ...]:
+  """The attention windows of the decode segments: P + w, P + 2w, P + 4w, ... slots (w = `smallest`), the last
+  one the whole cache (P + N). A step attends over at most twice the slots filled so far (and at least P + w)."""
+  windows, c = [], smallest
+  while c < new_tokens:
+    windows.append(prompt_slots + c)
+    c *= 2
+  return (*windows, prompt_slots + new_tokens)
 
 
 def _right_align(prompts: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -134,16 +176,16 @@ def _generate(
   stopped = is_stop(tok)
   done = stopped | (max_new_tokens <= 1)
 
-  # DECODE: feed token i-1 at slot P+i-1, draw token i, until every row is done or N tokens are drawn.
-  def cond(carry):
-    i, _, _, done, *_ = carry
-    return (i < N) & ~jnp.all(done)
-
-  def body(carry):
+  # DECODE: feed token i-1 at slot P+i-1, draw token i, until every row is done or N tokens are drawn. The
+  # steps run in segments of growing attention windows (`decode_windows`), so a step attends over about
+  # the filled part of the cache rather than all S slots.
+  def step(window, carry):
     i, cache, prev, done, stopped, out_tokens, out_logp, out_valid = carry
     kv_mask = base_kv_mask | ((slots >= P) & (slots < P + i))
     positions = (prompt_lengths + i - 1)[:, None]
-    logits, cache = transformer.forward_cached(model_cfg, params, prev[:, None], positions, cache, P + i - 1, kv_mask)
+    logits, cache = transformer.forward_cached(
+      model_cfg, params, prev[:, None], positions, cache, P + i - 1, kv_mask, window=window
+    )
     tok, logp = sample_token(logits[:, 0], jax.random.fold_in(rng, i), cfg)
     live = ~done
     tok = jnp.where(live, tok, cfg.pad_id)
@@ -156,7 +198,15 @@ def _generate(
     return i + 1, cache, tok, done, stopped, out_tokens, out_logp, out_valid
 
   carry = (jnp.int32(1), cache, tok, done, stopped, out_tokens, out_logp, out_valid)
-  _, _, _, _, stopped, out_tokens, out_logp, out_valid = jax.lax.while_loop(cond, body, carry)
+  for window in decode_windows(P, N, cfg.window):
+    last = min(N, window - P + 1)  # step i reads slots up to P + i - 1, which must lie in the window
+
+    def cond(carry, last=last):
+      i, _, _, done, *_ = carry
+      return (i < last) & ~jnp.all(done)
+
+    carry = jax.lax.while_loop(cond, functools.partial(step, window), carry)
+  _, _, _, _, stopped, out_tokens, out_logp, out_valid = carry
 
   zeros = jnp.zeros((B, P), bool)
   return Rollout(

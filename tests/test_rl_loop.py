@@ -280,8 +280,11 @@ def test_bf16_sampler_gap_is_measured_and_corrected(tmp_path):
   assert m["policy/pg_loss"] == pytest.approx(want_w, abs=5e-7)  # and the loop's own update used them
 
 
-def test_float32_sampler_matches_the_trainer(tmp_path):
-  trainer = RLTrainer(make_ctx(smoke_config(), (1, 1, 1), str(tmp_path)), log=lambda _: None)
+@pytest.mark.parametrize("slots", [0, 4])  # 4: continuous batching, 4 cache rows refilled from the step's rows
+def test_float32_sampler_matches_the_trainer(tmp_path, slots):
+  config = smoke_config()
+  config.sampling.slots = slots
+  trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda _: None)
   m = record(trainer).metrics
   assert m["offpolicy/logprob_gap_mean_abs"] < 1e-4
   assert m["offpolicy/logprob_gap_max"] < 1e-4

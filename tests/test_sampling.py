@@ -24,9 +24,10 @@ def _prompts(lengths, P, seed=1):
   return jnp.asarray(toks), jnp.asarray(lengths, jnp.int32)
 
 
-def test_greedy_matches_full_forward(params):
+@pytest.mark.parametrize("window", [64, 3])  # 3: decode in segments attending over 11, 14, 18 slots
+def test_greedy_matches_full_forward(params, window):
   prompts, lengths = _prompts([8, 3, 5, 1], 8)
-  cfg = sampling.SamplingConfig(max_new_tokens=10, greedy=True)
+  cfg = sampling.SamplingConfig(max_new_tokens=10, greedy=True, window=window)
   out = sampling.generate(CFG, params, prompts, lengths, jax.random.key(0), cfg)
   P = prompts.shape[1]
   mask = out.prompt_mask | out.completion_mask
@@ -43,13 +44,25 @@ def test_greedy_matches_full_forward(params):
   assert np.all(np.asarray(out.lengths) == 10) and not np.any(np.asarray(out.finished))
 
 
-def test_sampled_logprobs_match_trainer_at_temperature(params):
+@pytest.mark.parametrize("window", [64, 2])
+def test_sampled_logprobs_match_trainer_at_temperature(params, window):
   prompts, lengths = _prompts([6, 2, 4, 6], 6)
-  cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=0.7, top_k=30, top_p=0.9)
+  cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=0.7, top_k=30, top_p=0.9, window=window)
   out = sampling.generate(CFG, params, prompts, lengths, jax.random.key(3), cfg)
   trainer = sampling.completion_logprobs(CFG, params, out, temperature=0.7)
   assert np.abs(np.asarray(trainer - out.logprobs)).max() < 1e-4
   assert np.all(np.asarray(out.logprobs)[np.asarray(out.completion_mask)] < 0)
+
+
+def test_decode_windows_grow_to_the_whole_cache_and_change_no_token(params):
+  assert sampling.decode_windows(16, 64, 64) == (80,)
+  assert sampling.decode_windows(16, 2048, 64) == (80, 144, 272, 528, 1040, 2064)
+  assert sampling.decode_windows(8, 10, 3) == (11, 14, 18)
+  prompts, lengths = _prompts([6, 2, 4, 6], 6)
+  outs = [sampling.generate(CFG, params, prompts, lengths, jax.random.key(5),
+                            sampling.SamplingConfig(max_new_tokens=12, temperature=1.0, window=w)) for w in (12, 2)]
+  np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+  np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs), atol=1e-5)
 
 
 def test_prompt_alone_and_in_padded_batch_agree(params):
@@ -115,6 +128,29 @@ def test_sample_token_frequencies_match_softmax():
   # The same test rejects a sampler whose distribution is off by a small bias on one token.
   biased, _ = sampling.sample_token(jnp.tile(logits.at[2].add(0.1), (n, 1)), jax.random.key(0), cfg)
   assert _chi_square_pvalue(np.asarray(biased), probs) < 1e-6
+
+
+def test_bisection_thresholds_equal_sorting():
+  # Top-k by bisection on the values' bits keeps exactly what a sort keeps, ties and -inf included; top-p keeps
+  # the smallest most-probable set reaching p (ties at its edge included), as the sorted cumulative sum says.
+  rng = np.random.default_rng(0)
+  for trial in range(6):
+    x = rng.normal(size=(8, 500)).astype(np.float32) * (1 + trial)
+    if trial % 2:
+      x = np.round(x * 2) / 2  # many ties
+    x[:, :20] = -np.inf
+    for k in (1, 7, 50, 480):
+      kth = -np.sort(-x, axis=1)[:, k - 1:k]
+      np.testing.assert_array_equal(np.isfinite(np.asarray(sampling.filter_logits(jnp.asarray(x), k, 1.0))),
+                                    x >= kth)
+    for p in (0.3, 0.9):
+      probs = np.asarray(jax.nn.softmax(jnp.asarray(x), axis=-1), np.float64)
+      order = -np.sort(-probs, axis=1)
+      edge = order[np.arange(8), np.argmax(np.cumsum(order, axis=1) >= p, axis=1)][:, None]
+      kept = np.isfinite(np.asarray(sampling.filter_logits(jnp.asarray(x), 0, p)))
+      # Exact up to float32 summation order: a token within 1e-5 (relative) of the edge may go either way.
+      assert np.all(kept[probs > edge * (1 + 1e-5)]) and not np.any(kept[probs < edge * (1 - 1e-5)])
+      assert np.all((probs * kept).sum(axis=1) >= p - 1e-5)
 
 
 def test_top_k_and_top_p_truncate_and_renormalise():

@@ -100,6 +100,8 @@ def check(config: Any, num_devices: int) -> None:
     rows["config.eval.rows"] = c.eval.rows
     lengths["config.rl.max_prompt_len"] = ("max_prompt_len + sampling.max_new_tokens",
                                            r.max_prompt_len + c.sampling.max_new_tokens)
+  if c.sampling.slots:
+    rows["config.sampling.slots"] = c.sampling.slots
   for key, n in rows.items():
     _require(n % dp == 0, key, f"{n} rows are not divisible by the {dp}-way data-parallel mesh axes")
   for key, (what, n) in lengths.items():

@@ -126,6 +126,8 @@ class Sampling(Section):
   top_p: float = knob(1.0, "(0, 1]")  # 1.0: off
   greedy: bool = False
   cache_dtype: str = knob("", ("",) + DTYPES)  # KV-cache dtype; "" follows model.dtype
+  window: int = knob(64, "(0, inf)")  # decode attends over P + w, P + 2w, P + 4w, ... slots in turn (w >= N: all)
+  slots: int = knob(0, "[0, inf)")  # > 0: continuous batching, this many cache rows refilled from the queue; 0: off
 
   def check(self) -> None:
     self.require(self.greedy or self.temperature > 0, "temperature",

@@ -18,6 +18,7 @@ Dh head dim, F mlp dim, V vocab, L layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import chex
@@ -188,9 +189,11 @@ def _project(x: jax.Array, w: jax.Array | LoraWeight, dt: Any, n_in: int = 1) ->
   return _dense(x, w.astype(dt), n_in)
 
 
-def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, allowed: jax.Array,
-           cache: tuple[jax.Array, jax.Array] | None, index: jax.Array | None):
-  """One pre-norm block. x [B,T,D]; cache (k, v) [B,S,K,Dh] written at `index` when given."""
+def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+           attend: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]) -> tuple[jax.Array, Any]:
+  """One pre-norm block. x [B,T,D] -> ([B,T,D], aux); `attend(q, k, v)` ([B,T,H,Dh], [B,T,K,Dh] x 2 ->
+  ([B,T,H,Dh], aux)) attends over these tokens, or writes k, v into a cache (returned as aux) and attends
+  over that."""
   dt = cfg.compute_dtype
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
   q = _project(h, lp["wq"], dt)  # [B, T, H, Dh]
@@ -201,16 +204,7 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
   q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
   k = constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
   v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
-  if cache is not None:
-    k_cache = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, index, 0, 0))
-    v_cache = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
-    k_cache = constrain(k_cache, ("batch", "cache_length", "kv_heads", "head_dim"))
-    v_cache = constrain(v_cache, ("batch", "cache_length", "kv_heads", "head_dim"))
-    attn = _attention(cfg, q, k_cache.astype(dt), v_cache.astype(dt), allowed)
-    new_cache = (k_cache, v_cache)
-  else:
-    attn = _attention(cfg, q, k, v, allowed)
-    new_cache = None
+  attn, aux = attend(q, k, v)
   x = x + _project(attn, lp["wo"], dt, n_in=2)
   x = constrain(x, ("batch", "length", "embed"))
   h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
@@ -218,7 +212,7 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
   up = _project(h, lp["w_up"], dt)
   hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
   x = x + _project(hidden, lp["w_down"], dt)
-  return constrain(x, ("batch", "length", "embed")), new_cache
+  return constrain(x, ("batch", "length", "embed")), aux
 
 
 def _embed(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
@@ -255,7 +249,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax
   allowed = causal[None] & mask[:, None, :]  # [B, T, S=T]
 
   def body(x, lp):
-    return _layer(cfg, lp, x, cos, sin, allowed, None, None)[0], None
+    return _layer(cfg, lp, x, cos, sin, lambda q, k, v: (_attention(cfg, q, k, v, allowed), None))[0], None
 
   if cfg.remat:
     body = jax.checkpoint(body)
@@ -286,7 +280,7 @@ def cache_axes() -> KVCache:
 
 def forward_cached(
   cfg: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
-  index: jax.Array, kv_mask: jax.Array, last_only: bool = False,
+  index: jax.Array, kv_mask: jax.Array, last_only: bool = False, window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
   """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache); with
   `last_only`, the logits of the last position alone ([B, 1, V]: a prefill needs no more, and with a large
@@ -295,23 +289,58 @@ def forward_cached(
   positions [B, T] int32: rotary positions of the new tokens. kv_mask [B, S] bool: which cache
   slots hold real tokens, the new ones included. Slot s is visible to new token t when
   kv_mask[b, s] and s <= index + t. Prefill is this call with index 0; decoding is T = 1.
+  window: attend over cache slots [0, window) only (static; every slot at or before index + T - 1 must
+  lie inside it), so a step costs what the filled part of the cache costs, not all S slots. The cache is
+  carried through the layer loop and written in place: a step writes T slots per layer, never a new cache.
+  index: a scalar (every row writes slots index..index+T-1), or [B] int32 with T = 1 (row b writes slot
+  index[b]: rows at different lengths, as in continuous batching).
   """
   chex.assert_rank(tokens, 2)  # checked while tracing: free per step
   chex.assert_type(tokens, int)
   (B, T), S = tokens.shape, cache.k.shape[2]
+  W = S if window is None else window
   chex.assert_shape(positions, (B, T))
   chex.assert_shape(kv_mask, (B, S))
   chex.assert_shape([cache.k, cache.v], (cfg.n_layers, B, S, cfg.n_kv_heads, cfg.head_dim))
+  if not 0 < W <= S:
+    raise ValueError(f"window {W} outside (0, {S}]")
+  dt = cfg.compute_dtype
   cos, sin = rope_tables(cfg, positions)
-  slots = jnp.arange(S)[None, :]
-  causal = slots <= (index + jnp.arange(T))[:, None]  # [T, S]
-  allowed = causal[None] & kv_mask.astype(bool)[:, None, :]  # [B, T, S]
+  slots = jnp.arange(W)[None, :]
+  index = jnp.asarray(index, jnp.int32)
+  per_row = index.ndim == 1
+  if per_row:
+    chex.assert_shape(index, (B,))
+    if T != 1:
+      raise ValueError(f"a per-row index needs one new token per row, got T = {T}")
+    causal = (slots <= index[:, None])[:, None, :]  # [B, 1, W]
+  else:
+    causal = (slots <= (index + jnp.arange(T))[:, None])[None]  # [1, T, W]
+  allowed = causal & kv_mask[:, :W].astype(bool)[:, None, :]  # [B, T, W]
+  rows = jnp.arange(B)
+  window_shape = (1, B, W, cfg.n_kv_heads, cfg.head_dim)
 
-  def body(x, layer):
-    lp, k_l, v_l = layer
-    x, (k_l, v_l) = _layer(cfg, lp, x, cos, sin, allowed, (k_l, v_l), index)
-    return x, (k_l, v_l)
+  def body(carry, lp):
+    x, k_all, v_all, layer = carry  # k_all, v_all [L, B, S, K, Dh]
 
-  x, (k, v) = jax.lax.scan(body, _embed(cfg, params, tokens), (params["layers"], cache.k, cache.v))
+    def attend(q, k, v):
+      if per_row:  # one slot per row, scattered in place
+        k_new = k_all.at[layer, rows, index].set(k[:, 0].astype(k_all.dtype))
+        v_new = v_all.at[layer, rows, index].set(v[:, 0].astype(v_all.dtype))
+      else:
+        at = (layer, 0, index, 0, 0)
+        k_new = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
+        v_new = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+      k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), window_shape)[0]  # [B, W, K, Dh]
+      v_w = jax.lax.dynamic_slice(v_new, (layer, 0, 0, 0, 0), window_shape)[0]
+      k_w = constrain(k_w, ("batch", "cache_length", "kv_heads", "head_dim"))
+      v_w = constrain(v_w, ("batch", "cache_length", "kv_heads", "head_dim"))
+      return _attention(cfg, q, k_w.astype(dt), v_w.astype(dt), allowed), (k_new, v_new)
+
+    x, (k_all, v_all) = _layer(cfg, lp, x, cos, sin, attend)
+    return (x, k_all, v_all, layer + 1), None
+
+  carry = (_embed(cfg, params, tokens), cache.k, cache.v, jnp.int32(0))
+  (x, k, v, _), _ = jax.lax.scan(body, carry, params["layers"])
   h = rms_norm(x[:, -1:] if last_only else x, params["final_norm"], cfg.rms_eps)
   return logits_from_hidden(cfg, params, h), KVCache(k, v)
