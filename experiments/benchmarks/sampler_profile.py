@@ -9,8 +9,9 @@ For each completion budget N (cache S = 16 + N slots), at a step in the middle o
   projection, and the rest (the projections, MLPs and norms);
 - drawing the tokens from [B, V] logits: temperature only, with top-k 50, with top-p 0.9;
 - bookkeeping: the step minus the forward and the draw.
-Also XLA's own estimate of each jitted part's bytes accessed (`cost_analysis`). Times are medians of
-`--repeats` calls, each averaged over 10 back-to-back executions.
+Each part runs 64 times inside one jitted `lax.fori_loop`, as inside the sampler (no dispatch between
+iterations, the carry donated), timed per iteration (median of `--repeats`), with XLA's estimate of one
+iteration's bytes accessed (`cost_analysis`).
 """
 
 from __future__ import annotations
@@ -26,26 +27,30 @@ from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
 
-def _time(fn, *args, repeats: int, inner: int = 10) -> float:
-  jax.block_until_ready(fn(*args))
+def _per_iteration(body, init, repeats: int, n: int = 64) -> tuple[float, float]:
+  """Seconds per iteration of `body` run n times in one jitted `lax.fori_loop` (as inside the sampler: no
+  dispatch between iterations; the carry donated, so in-place updates stay in place), median of `repeats`;
+  and XLA's estimate of one iteration's bytes accessed."""
+  loop = jax.jit(lambda c: jax.lax.fori_loop(0, n, lambda _, c: body(c), c), donate_argnums=(0,))
+  state = {"carry": init}
+
+  def once():
+    state["carry"] = loop(state["carry"])
+    return state["carry"]
+
+  jax.block_until_ready(once())
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    for _ in range(inner):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / inner)
-  return statistics.median(times)
-
-
-def _bytes(fn, *args) -> float:
-  cost = fn.lower(*args).compile().cost_analysis()
+    jax.block_until_ready(once())
+    times.append((time.perf_counter() - start) / n)
+  cost = jax.jit(body).lower(state["carry"]).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  return float(cost.get("bytes accessed", float("nan")))
+  return statistics.median(times), float(cost.get("bytes accessed", float("nan")))
 
 
 def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]]:
-  cfg = presets.get("bench")
+  cfg = presets.get("bench", max_seq_len=max(512, 16 + new))
   params = transformer.init(cfg, jax.random.key(0))
   P, S, B = 16, 16 + new, batch
   t = P + min(new, 64) // 2  # the step's cache index
@@ -56,56 +61,74 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
 
   gen = sampling.make_generate_fn(cfg, sampling.SamplingConfig(max_new_tokens=new, temperature=1.0))
   budget = min(new, 64)
-  t_n = _time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=jnp.full((B,), budget, jnp.int32)).tokens,
-              repeats=max(3, repeats // 4), inner=1)
-  t_1 = _time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=jnp.ones((B,), jnp.int32)).tokens,
-              repeats=max(3, repeats // 4), inner=1)
-  step = (t_n - t_1) / (budget - 1)
+
+  def whole(n_tokens):
+    fn = lambda: gen(params, prompts, lengths, rng, max_new_tokens=jnp.full((B,), n_tokens, jnp.int32)).tokens
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(max(3, repeats // 4)):
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+  step = (whole(budget) - whole(1)) / (budget - 1)
   rows.append(("in-loop decode step (all of it)", step, float("nan")))
 
-  cache = transformer.init_cache(cfg, B, S)
-  tok = jnp.zeros((B, 1), jnp.int32)
-  pos = jnp.full((B, 1), t, jnp.int32)
   kv_mask = jnp.broadcast_to(jnp.arange(S)[None, :] <= t, (B, S))
+  pos = jnp.full((B, 1), t, jnp.int32)
   window = sampling.decode_windows(P, new, 64)[0]
-  fwd = jax.jit(lambda p, c: transformer.forward_cached(cfg, p, tok, pos, c, t, kv_mask, window=window)[0])
-  t_fwd = _time(fwd, params, cache, repeats=repeats)
-  rows.append((f"cached forward, [B, 1] tokens, window {window} of {S} slots", t_fwd, _bytes(fwd, params, cache)))
+
+  def forward(c):
+    cache, tok = c
+    logits, cache = transformer.forward_cached(cfg, params, tok, pos, cache, t, kv_mask, window=window)
+    return cache, jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
+
+  cache = transformer.init_cache(cfg, B, S)
+  t_fwd, b_fwd = _per_iteration(forward, (cache, jnp.zeros((B, 1), jnp.int32)), repeats)
+  rows.append((f"cached forward of [B, 1] tokens, window {window} of {S} slots", t_fwd, b_fwd))
+
+  allowed = kv_mask[:, None, :window]
+
+  def attention(c):
+    q, k, v = c
+    out = jax.vmap(lambda k_l, v_l: transformer._attention(cfg, q, k_l[:, :window], v_l[:, :window], allowed))(k, v)
+    return out[0] * 0.5 + q * 0.5, k, v  # [B, 1, H, Dh], the cache unchanged
 
   q = jnp.ones((B, 1, cfg.n_heads, cfg.head_dim), jnp.float32)
-  allowed = kv_mask[:, None, :window]
-  attn = jax.jit(lambda k, v: jax.vmap(lambda k_l, v_l: transformer._attention(cfg, q, k_l, v_l, allowed))(
-    k[:, :, :window], v[:, :, :window]))
-  t_attn = _time(attn, cache.k, cache.v, repeats=repeats)
-  rows.append((f"  attention over {window} slots, {cfg.n_layers} layers", t_attn, _bytes(attn, cache.k, cache.v)))
+  t_attn, b_attn = _per_iteration(attention, (q, *transformer.init_cache(cfg, B, S)), repeats)
+  rows.append((f"  attention over {window} slots, {cfg.n_layers} layers", t_attn, b_attn))
 
   kv = jnp.ones((cfg.n_layers, B, 1, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
-  write = jax.jit(lambda c: transformer.KVCache(jax.lax.dynamic_update_slice(c.k, kv, (0, 0, t, 0, 0)),
-                                                jax.lax.dynamic_update_slice(c.v, kv, (0, 0, t, 0, 0))),
-                  donate_argnums=(0,))
-  state = {"cache": transformer.init_cache(cfg, B, S)}
 
-  def write_once():
-    state["cache"] = write(state["cache"])
-    return state["cache"].k
+  def write(c):
+    return transformer.KVCache(jax.lax.dynamic_update_slice(c.k, kv, (0, 0, t, 0, 0)),
+                               jax.lax.dynamic_update_slice(c.v, kv, (0, 0, t, 0, 0)))
 
-  t_write = _time(write_once, repeats=repeats)
-  rows.append((f"  cache write, {cfg.n_layers} layers, in place", t_write, float("nan")))
+  t_write, b_write = _per_iteration(write, transformer.init_cache(cfg, B, S), repeats)
+  rows.append((f"  cache write, {cfg.n_layers} layers, in place", t_write, b_write))
 
-  h = jnp.ones((B, 1, cfg.d_model), jnp.float32)
-  head = jax.jit(lambda p, h: transformer.logits_from_hidden(cfg, p, h))
-  t_head = _time(head, params, h, repeats=repeats)
-  rows.append((f"  vocabulary projection, d {cfg.d_model} x V {cfg.vocab_size}", t_head, _bytes(head, params, h)))
+  def head(h):
+    logits = transformer.logits_from_hidden(cfg, params, h)
+    return h + 1e-3 * logits[..., : cfg.d_model]
+
+  t_head, b_head = _per_iteration(head, jnp.ones((B, 1, cfg.d_model), jnp.float32), repeats)
+  rows.append((f"  vocabulary projection, d {cfg.d_model} x V {cfg.vocab_size}", t_head, b_head))
   rows.append(("  the rest: projections, MLPs, norms, embedding", t_fwd - t_attn - t_write - t_head, float("nan")))
 
-  logits = jax.random.normal(jax.random.key(3), (B, cfg.vocab_size), jnp.float32)
   t_draw = None
   for name, extra in (("temperature 1", {}), ("top-k 50", {"top_k": 50}), ("top-p 0.9", {"top_p": 0.9})):
     scfg = sampling.SamplingConfig(max_new_tokens=1, temperature=1.0, **extra)
-    draw = jax.jit(lambda x, r, scfg=scfg: sampling.sample_token(x, r, scfg))
-    t_d = _time(draw, logits, rng, repeats=repeats)
+
+    def draw(c, scfg=scfg):
+      logits, key = c
+      tok, _ = sampling.sample_token(logits, key, scfg)
+      return logits + 1e-3 * tok[:, None].astype(jnp.float32), jax.random.fold_in(key, 1)
+
+    logits = jax.random.normal(jax.random.key(3), (B, cfg.vocab_size), jnp.float32)
+    t_d, b_d = _per_iteration(draw, (logits, rng), repeats)
     t_draw = t_d if t_draw is None else t_draw
-    rows.append((f"draw from [B, V] logits, {name}", t_d, _bytes(draw, logits, rng)))
+    rows.append((f"draw from [B, V] logits, {name}", t_d, b_d))
   rows.append(("bookkeeping (step - forward - draw at temperature 1)", step - t_fwd - t_draw, float("nan")))
   return rows
 
