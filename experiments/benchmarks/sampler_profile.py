@@ -10,8 +10,8 @@ For each completion budget N (cache S = 16 + N slots), at a step in the middle o
 - drawing the tokens from [B, V] logits: temperature only, with top-k 50, with top-p 0.9;
 - bookkeeping: the step minus the forward and the draw.
 Each part runs 64 times inside one jitted `lax.fori_loop`, as inside the sampler (no dispatch between
-iterations, the carry donated), timed per iteration (median of `--repeats`), with XLA's estimate of one
-iteration's bytes accessed (`cost_analysis`).
+iterations, the carry donated), timed per iteration (median of `--repeats`). The parts are timed apart, so
+they need not sum to the step exactly; bookkeeping is what is left.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
 
-def _per_iteration(body, init, repeats: int, n: int = 64) -> tuple[float, float]:
+def _per_iteration(body, init, repeats: int, n: int = 64) -> float:
   """Seconds per iteration of `body` run n times in one jitted `lax.fori_loop` (as inside the sampler: no
-  dispatch between iterations; the carry donated, so in-place updates stay in place), median of `repeats`;
-  and XLA's estimate of one iteration's bytes accessed."""
+  dispatch between iterations; the carry donated, so in-place updates stay in place), median of `repeats`."""
   loop = jax.jit(lambda c: jax.lax.fori_loop(0, n, lambda _, c: body(c), c), donate_argnums=(0,))
   state = {"carry": init}
 
@@ -44,12 +43,10 @@ def _per_iteration(body, init, repeats: int, n: int = 64) -> tuple[float, float]
     start = time.perf_counter()
     jax.block_until_ready(once())
     times.append((time.perf_counter() - start) / n)
-  cost = jax.jit(body).lower(state["carry"]).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  return statistics.median(times), float(cost.get("bytes accessed", float("nan")))
+  return statistics.median(times)
 
 
-def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]]:
+def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float]]:
   cfg = presets.get("bench", max_seq_len=max(512, 16 + new))
   params = transformer.init(cfg, jax.random.key(0))
   P, S, B = 16, 16 + new, batch
@@ -73,7 +70,7 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
     return statistics.median(times)
 
   step = (whole(budget) - whole(1)) / (budget - 1)
-  rows.append(("in-loop decode step (all of it)", step, float("nan")))
+  rows.append(("in-loop decode step (all of it)", step))
 
   kv_mask = jnp.broadcast_to(jnp.arange(S)[None, :] <= t, (B, S))
   pos = jnp.full((B, 1), t, jnp.int32)
@@ -85,8 +82,8 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
     return cache, jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
 
   cache = transformer.init_cache(cfg, B, S)
-  t_fwd, b_fwd = _per_iteration(forward, (cache, jnp.zeros((B, 1), jnp.int32)), repeats)
-  rows.append((f"cached forward of [B, 1] tokens, window {window} of {S} slots", t_fwd, b_fwd))
+  t_fwd = _per_iteration(forward, (cache, jnp.zeros((B, 1), jnp.int32)), repeats)
+  rows.append((f"cached forward of [B, 1] tokens, window {window} of {S} slots", t_fwd))
 
   allowed = kv_mask[:, None, :window]
 
@@ -96,8 +93,8 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
     return out[0] * 0.5 + q * 0.5, k, v  # [B, 1, H, Dh], the cache unchanged
 
   q = jnp.ones((B, 1, cfg.n_heads, cfg.head_dim), jnp.float32)
-  t_attn, b_attn = _per_iteration(attention, (q, *transformer.init_cache(cfg, B, S)), repeats)
-  rows.append((f"  attention over {window} slots, {cfg.n_layers} layers", t_attn, b_attn))
+  t_attn = _per_iteration(attention, (q, *transformer.init_cache(cfg, B, S)), repeats)
+  rows.append((f"  attention over {window} slots, {cfg.n_layers} layers", t_attn))
 
   kv = jnp.ones((cfg.n_layers, B, 1, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
 
@@ -105,16 +102,16 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
     return transformer.KVCache(jax.lax.dynamic_update_slice(c.k, kv, (0, 0, t, 0, 0)),
                                jax.lax.dynamic_update_slice(c.v, kv, (0, 0, t, 0, 0)))
 
-  t_write, b_write = _per_iteration(write, transformer.init_cache(cfg, B, S), repeats)
-  rows.append((f"  cache write, {cfg.n_layers} layers, in place", t_write, b_write))
+  t_write = _per_iteration(write, transformer.init_cache(cfg, B, S), repeats)
+  rows.append((f"  cache write, {cfg.n_layers} layers, in place", t_write))
 
   def head(h):
     logits = transformer.logits_from_hidden(cfg, params, h)
     return h + 1e-3 * logits[..., : cfg.d_model]
 
-  t_head, b_head = _per_iteration(head, jnp.ones((B, 1, cfg.d_model), jnp.float32), repeats)
-  rows.append((f"  vocabulary projection, d {cfg.d_model} x V {cfg.vocab_size}", t_head, b_head))
-  rows.append(("  the rest: projections, MLPs, norms, embedding", t_fwd - t_attn - t_write - t_head, float("nan")))
+  t_head = _per_iteration(head, jnp.ones((B, 1, cfg.d_model), jnp.float32), repeats)
+  rows.append((f"  vocabulary projection, d {cfg.d_model} x V {cfg.vocab_size}", t_head))
+  rows.append(("  the rest: projections, MLPs, norms, embedding", t_fwd - t_attn - t_write - t_head))
 
   t_draw = None
   for name, extra in (("temperature 1", {}), ("top-k 50", {"top_k": 50}), ("top-p 0.9", {"top_p": 0.9})):
@@ -126,10 +123,10 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float, float]
       return logits + 1e-3 * tok[:, None].astype(jnp.float32), jax.random.fold_in(key, 1)
 
     logits = jax.random.normal(jax.random.key(3), (B, cfg.vocab_size), jnp.float32)
-    t_d, b_d = _per_iteration(draw, (logits, rng), repeats)
+    t_d = _per_iteration(draw, (logits, jax.random.key(4)), repeats)
     t_draw = t_d if t_draw is None else t_draw
-    rows.append((f"draw from [B, V] logits, {name}", t_d, b_d))
-  rows.append(("bookkeeping (step - forward - draw at temperature 1)", step - t_fwd - t_draw, float("nan")))
+    rows.append((f"draw from [B, V] logits, {name}", t_d))
+  rows.append(("bookkeeping (step - forward - draw at temperature 1)", step - t_fwd - t_draw))
   return rows
 
 
@@ -144,9 +141,9 @@ def main() -> None:
     rows = profile(args.batch, new, args.repeats)
     step = rows[0][1]
     print(f"\nN = {new} new tokens (cache {16 + new} slots)")
-    print("part | ms | share of the step | XLA bytes accessed (MB)")
-    for name, seconds, nbytes in rows:
-      print(f"{name} | {seconds * 1e3:.3f} | {seconds / step:.0%} | {nbytes / 1e6:.2f}")
+    print("part | ms | share of the step")
+    for name, seconds in rows:
+      print(f"{name} | {seconds * 1e3:.3f} | {seconds / step:.0%}")
 
 
 if __name__ == "__main__":
