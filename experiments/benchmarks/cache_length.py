@@ -14,24 +14,18 @@ The fixed shape (preset `bench`), 16-token prompts, temperature 1, no stop token
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
+from experiments.benchmarks.sampler import median_time
 from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
 
 def _time(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  jax.block_until_ready(fn())  # compile
+  return median_time(fn, repeats)
 
 
 def main() -> None:

@@ -44,7 +44,8 @@ def _model(preset: str, overrides: dict | None) -> tuple[presets.ModelConfig, tr
   return cfg, transformer.init(cfg, jax.random.key(0))
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+  """Median seconds of `repeats` calls of `fn` (its result waited for); warm it up first."""
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
@@ -63,8 +64,8 @@ def bench(name: str, preset: str, batch: int, prompt: int, new: int, repeats: in
   one = jnp.ones((batch,), jnp.int32)
   rng = jax.random.key(2)
   jax.block_until_ready(gen(params, prompts, lengths, rng, max_new_tokens=full))  # compile
-  t_full = _median_time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=full), repeats)
-  t_prefill = _median_time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=one), repeats)
+  t_full = median_time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=full), repeats)
+  t_prefill = median_time(lambda: gen(params, prompts, lengths, rng, max_new_tokens=one), repeats)
   step_in_loop = (t_full - t_prefill) / (new - 1)
 
   fwd = jax.jit(lambda p, tok, pos, cache, idx, kvm: transformer.forward_cached(cfg, p, tok, pos, cache, idx, kvm),
@@ -83,7 +84,7 @@ def bench(name: str, preset: str, batch: int, prompt: int, new: int, repeats: in
 
   jax.block_until_ready(bare())
   inner = 20
-  t_bare = _median_time(lambda: [bare() for _ in range(inner)][-1], repeats) / inner
+  t_bare = median_time(lambda: [bare() for _ in range(inner)][-1], repeats) / inner
   return {
     "shape": name, "batch": batch, "prompt": prompt, "new_tokens": new, "params_M": cfg.num_params() / 1e6,
     "decode_tokens_per_s": batch * new / t_full, "step_in_loop_ms": step_in_loop * 1e3,

@@ -23,6 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from experiments.benchmarks.sampler import median_time
 from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
@@ -61,13 +62,8 @@ def profile(batch: int, new: int, repeats: int) -> list[tuple[str, float]]:
 
   def whole(n_tokens):
     fn = lambda: gen(params, prompts, lengths, rng, max_new_tokens=jnp.full((B,), n_tokens, jnp.int32)).tokens
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(max(3, repeats // 4)):
-      start = time.perf_counter()
-      jax.block_until_ready(fn())
-      times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    jax.block_until_ready(fn())  # compile
+    return median_time(fn, max(3, repeats // 4))
 
   step = (whole(budget) - whole(1)) / (budget - 1)
   rows.append(("in-loop decode step (all of it)", step))
