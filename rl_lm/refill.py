@@ -80,9 +80,8 @@ def _generate(
     prompt_next = prompts[qs, jnp.minimum(t + 1, P - 1)]
     cur = jnp.where(drawing, tok, prompt_next)
     # Refill: every slot whose row just ended takes the next queued prompt, in slot order.
-    free = ends
-    rank = jnp.cumsum(free.astype(jnp.int32)) - 1
-    take = free & (state["next_q"] + rank < Q)
+    rank = jnp.cumsum(ends.astype(jnp.int32)) - 1
+    take = ends & (state["next_q"] + rank < Q)
     new_q = jnp.where(take, state["next_q"] + rank, jnp.where(ends, -1, q))
     return dict(
       q=new_q, t=jnp.where(take, 0, t + 1), cur=jnp.where(take, prompts[jnp.minimum(new_q, Q - 1), 0], cur),
@@ -90,7 +89,7 @@ def _generate(
     )
 
   state = jax.lax.while_loop(cond, body, state)
-  aligned, prompt_mask = sampling._right_align(prompts, prompt_lengths)
+  aligned, prompt_mask = sampling.right_align(prompts, prompt_lengths)
   zeros = jnp.zeros((Q, P), bool)
   return sampling.Rollout(
     tokens=jnp.concatenate([aligned, state["tokens"]], axis=1),
@@ -113,7 +112,7 @@ def make_generate_fn(
   jitted = jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg, slots), mesh, rules))
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> sampling.Rollout:
-    stop_tokens, max_new_tokens = sampling._stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
+    stop_tokens, max_new_tokens = sampling.stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
     return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
 
   return fn

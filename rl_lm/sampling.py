@@ -137,7 +137,7 @@ def decode_windows(prompt_slots: int, new_tokens: int, smallest: int) -> tuple[i
   return (*windows, prompt_slots + new_tokens)
 
 
-def _right_align(prompts: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+def right_align(prompts: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Right-padded prompts [B, P] -> the same prompts pushed to the right edge, and their mask."""
   P = prompts.shape[1]
   src = jnp.arange(P)[None, :] - (P - lengths)[:, None]  # [B, P]
@@ -154,7 +154,7 @@ def _generate(
   N = cfg.max_new_tokens
   S = P + N
   prompt_lengths = prompt_lengths.astype(jnp.int32)
-  prompts, prompt_mask = _right_align(prompts.astype(jnp.int32), prompt_lengths)
+  prompts, prompt_mask = right_align(prompts.astype(jnp.int32), prompt_lengths)
   prompts = mesh_lib.constrain(prompts, ("batch", "length"))
   cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
   cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
@@ -219,7 +219,9 @@ def _generate(
   )
 
 
-def _stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_tokens: Any):
+def stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_tokens: Any
+                    ) -> tuple[jax.Array, jax.Array]:
+  """A generate call's optional stop tokens and budgets as [B, K] and [B] int32 arrays (defaults from `cfg`)."""
   if stop_tokens is None:
     stop = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
     stop_tokens = jnp.broadcast_to(stop[None, :], (batch, stop.shape[0]))
@@ -245,7 +247,7 @@ def make_generate_fn(
   jitted = jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg), mesh, rules))
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> Rollout:
-    stop_tokens, max_new_tokens = _stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
+    stop_tokens, max_new_tokens = stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
     return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
 
   return fn
