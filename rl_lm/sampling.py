@@ -16,6 +16,10 @@ log-probs. Entries outside the completion are 0.
 Stopping. A row stops after emitting one of its stop tokens (kept, counted in `lengths`,
 `finished` True) or after its `max_new_tokens` (`finished` False: truncated). The loop ends
 when every row has stopped or N tokens were drawn. Slots after a row's end hold `pad_id`.
+
+Cost. The cache is written in place, and decode runs in segments whose attention reads only the first
+P + w, P + 2w, P + 4w, ... slots (`decode_windows`, w = `config.sampling.window`), so a step costs about what
+the filled part of the cache costs. `rl_lm.refill` serves a long-tailed batch with fewer rows.
 """
 
 from __future__ import annotations
