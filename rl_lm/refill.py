@@ -42,7 +42,6 @@ def _generate(
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
   cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
-  cache = transformer.KVCache(*(mesh_lib.constrain(c, transformer.cache_axes()[0]) for c in cache))
   cache_slots = jnp.arange(S)[None, :]
 
   # Slot state: the prompt it serves (-1: idle), the cache slot of the token it feeds this step, that token.

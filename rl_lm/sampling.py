@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl_lm import mesh as mesh_lib
 from rl_lm.config import Sampling
@@ -100,35 +101,59 @@ def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
   return logits
 
 
+def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+  """Per row, the first token whose cumulative weight exceeds u times the total. weights [B, V] >= 0 (not all 0),
+  u [B] uniform in [0, 1) -> [B] int32, never a token of weight 0.
+
+  In two levels, so no pass runs a cumulative sum over the whole vocabulary (on a CPU, XLA's cumsum over [B, V] costs
+  several passes over it): the vocabulary is cut into blocks of about sqrt(V) tokens; the block comes from the
+  cumulative block totals, then the token from the cumulative weights inside that block.
+  """
+  B, V = weights.shape
+  size = 1 << max(0, int(np.ceil(np.log2(np.sqrt(V)))))  # tokens per block
+  n = -(-V // size)
+  blocks = jnp.pad(weights, ((0, 0), (0, n * size - V))).reshape(B, n, size)  # [B, n, size]
+  totals = jnp.sum(blocks, axis=-1)  # [B, n]
+  ends = jnp.cumsum(totals, axis=-1)  # [B, n]
+  target = jnp.minimum(u * ends[:, -1], jnp.nextafter(ends[:, -1], 0.0))  # [B], strictly below the total
+  block = jnp.sum(ends <= target[:, None], axis=-1).astype(jnp.int32)  # < n: ends[block] > target
+  block = _last_positive(totals, block)  # a no-op unless rounding left the block empty
+  start = jnp.where(block > 0, jnp.take_along_axis(ends, jnp.maximum(block - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, size]
+  j = jnp.sum(jnp.cumsum(inside, axis=-1) <= (target - start)[:, None], axis=-1).astype(jnp.int32)
+  j = _last_positive(inside, jnp.minimum(j, size - 1))  # past the block's end only by rounding
+  return block * size + j
+
+
+def _last_positive(weights: jax.Array, index: jax.Array) -> jax.Array:
+  """index [B], moved back to the last positive entry of weights [B, n] at or before it (one must exist)."""
+  n = weights.shape[-1]
+  positive = (weights > 0) & (jnp.arange(n)[None, :] <= index[:, None])
+  return (n - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
+
+
 def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
   """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32). rng: one
   key, or [B] keys (one per row).
 
   The log-prob is of the temperature-scaled, untruncated distribution (see module docstring).
-  Sampling is by inverse CDF with one uniform per row, which is exact and cheaper than Gumbel noise
-  over the whole vocabulary.
+  Sampling is by inverse CDF with one uniform per row (`_inverse_cdf`), which is exact and cheaper than Gumbel
+  noise over the whole vocabulary.
   """
   if cfg.greedy:
+    scaled = logits
     tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
   else:
     scaled = logits / cfg.temperature
-    logp_all = jax.nn.log_softmax(scaled, axis=-1)
     filtered = filter_logits(scaled, cfg.top_k, cfg.top_p)
-    probs = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
-    cdf = jnp.cumsum(probs, axis=-1)
+    weights = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
     if rng.ndim:  # one key per row: a row's draw does not depend on which rows share its batch
-      u = jax.vmap(lambda key: jax.random.uniform(key, (1,), jnp.float32))(rng)
+      u = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(rng)
     else:
-      u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32)
-    u = u * cdf[:, -1:]
-    tokens = jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
-    # Rounding can push u onto the total mass; never step past the last drawable token.
-    V = logits.shape[-1]
-    last = V - 1 - jnp.argmax(probs[:, ::-1] > 0, axis=-1).astype(jnp.int32)
-    tokens = jnp.minimum(tokens, last)
-  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-  return tokens, logp
+      u = jax.random.uniform(rng, (logits.shape[0],), jnp.float32)
+    tokens = _inverse_cdf(weights, u)
+  chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+  return tokens, chosen - jax.nn.logsumexp(scaled, axis=-1)
 
 
 def decode_windows(prompt_slots: int, new_tokens: int, smallest: int) -> tuple[int, ...]:
@@ -162,7 +187,6 @@ def _generate(
   prompts = mesh_lib.constrain(prompts, ("batch", "length"))
   cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
   cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
-  cache = transformer.KVCache(*(mesh_lib.constrain(c, transformer.cache_axes()[0]) for c in cache))
   slots = jnp.arange(S)[None, :]
   base_kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((B, N), bool)], axis=1)  # [B, S]
 
@@ -171,7 +195,8 @@ def _generate(
 
   # PREFILL: the whole prompt at slots [0, P), first token drawn from the last slot's logits.
   logits, cache = transformer.forward_cached(
-    model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask, last_only=True
+    model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask,
+    last_only=True, window=P,
   )
   tok, logp = sample_token(logits[:, -1], jax.random.fold_in(rng, 0), cfg)
   out_tokens = jnp.full((B, N), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
@@ -291,8 +316,6 @@ def config_from(sampling: Any, tok: Any) -> SamplingConfig:
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 1) -> tuple[jax.Array, jax.Array]:
   """Token lists -> right-padded [B, P] int32 and lengths [B]; P rounded up to `multiple` (fewer recompiles)."""
-  import numpy as np
-
   P = max(len(p) for p in prompts)
   P = -(-P // multiple) * multiple
   out = np.full((len(prompts), P), pad_id, np.int32)

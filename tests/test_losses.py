@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_lm.rl import losses
+from rl_lm.rl import correction, losses
 
 T, F = True, False
 
@@ -142,7 +142,7 @@ def test_truncated_is_weights_cap_and_gradient_scaling():
   sampler = -jnp.log(jnp.array([[0.5, 1.5, 4.0, 1.0]]))
   sampler = sampler.at[0, 3].set(-1e4)  # garbage at the masked slot
   m = jnp.array([[T, T, T, F]])
-  w, met = losses.truncated_is_weights(old, sampler, m, cap=2.0)
+  w, met = correction.importance_weights(old, sampler, m, "token", cap=2.0)
   close(w, [[0.5, 1.5, 2.0, 0.0]])
   close(met["offpolicy/is_weight_mean"], 4 / 3)
   close(met["offpolicy/is_weight_max"], 2.0)
@@ -241,7 +241,7 @@ def test_jittable_and_nan_free_when_all_masked():
   outs = [
     jax.jit(losses.value_loss)(lp, old, old, m),
     jax.jit(jax.grad(lambda x: losses.value_loss(x, old, old, m)[0]))(lp),
-    jax.jit(losses.truncated_is_weights)(lp, old, m, 2.0),
+    jax.jit(lambda a, b, c: correction.importance_weights(a, b, c, "token", 2.0))(lp, old, m),
     jax.jit(losses.token_nll)(logits, targets, m),
     jax.jit(losses.entropy_bonus, static_argnums=3)(jnp.ones((B, Tn)), m, 0.01, "seq-mean-token-mean"),
     jax.jit(losses.aggregate, static_argnums=2)(lp, m, "token-mean"),

@@ -30,8 +30,8 @@ FLAGS = ["--config.sft.steps=6", "--config.sft.log_every=1", "--config.rl.steps=
 pytestmark = pytest.mark.slow
 
 
-def _cmd(config: str, workdir: Path) -> list[str]:
-  return [sys.executable, "-m", "rl_lm.main", f"--config={config}", f"--workdir={workdir}", *FLAGS]
+def _cmd(config: str, workdir: Path, *extra: str) -> list[str]:
+  return [sys.executable, "-m", "rl_lm.main", f"--config={config}", f"--workdir={workdir}", *FLAGS, *extra]
 
 
 def _env(fault: str = "") -> dict[str, str]:
@@ -42,8 +42,8 @@ def _env(fault: str = "") -> dict[str, str]:
   return env
 
 
-def _run(config: str, workdir: Path, fault: str = "") -> subprocess.CompletedProcess:
-  return subprocess.run(_cmd(config, workdir), cwd=ROOT, env=_env(fault), capture_output=True, text=True,
+def _run(config: str, workdir: Path, fault: str = "", *extra: str) -> subprocess.CompletedProcess:
+  return subprocess.run(_cmd(config, workdir, *extra), cwd=ROOT, env=_env(fault), capture_output=True, text=True,
                         timeout=600)
 
 
@@ -93,22 +93,27 @@ def _steps(folder: Path) -> list[int]:
 
 
 def test_killed_mid_save_in_sft_then_in_rl_resumes_exactly(tmp_path):
+  """RL samples each rollout one update ahead (max_staleness 1); the pipeline drains at every checkpoint, so the
+  resumed run samples the rollouts after it from the saved parameters, as the uninterrupted run did."""
   config = "configs/default.py:smoke"
+  ahead = "--config.rl.max_staleness=1"
   ref, run = tmp_path / "ref", tmp_path / "run"
-  done = _run(config, ref)
+  done = _run(config, ref, "", ahead)
   assert done.returncode == 0, _tail(done)
+  stale = [r["offpolicy/staleness_max"] for r in _rows(ref / "metrics.jsonl") if "offpolicy/staleness_max" in r]
+  assert stale == [0, 1, 0, 1, 0, 1]  # drained at the checkpoints (every 2 steps)
 
-  killed = _run(config, run, fault="kill_mid_save:sft:4")
+  killed = _run(config, run, "kill_mid_save:sft:4", ahead)
   assert killed.returncode == -signal.SIGKILL
   assert _steps(run / "checkpoints" / "sft") == [2]  # step 4 was being written: not a checkpoint
   assert any(".orbax-checkpoint-tmp" in p.name for p in (run / "checkpoints" / "sft").iterdir())
 
-  killed = _run(config, run, fault="kill_mid_save:rl:4")
+  killed = _run(config, run, "kill_mid_save:rl:4", ahead)
   assert killed.returncode == -signal.SIGKILL
   assert "sft: resuming from step 2 of 6" in killed.stdout
   assert _steps(run / "checkpoints" / "rl") == [2]
 
-  resumed = _run(config, run)
+  resumed = _run(config, run, "", ahead)
   assert resumed.returncode == 0, _tail(resumed)
   assert "rl: resuming from step 2 of 6" in resumed.stdout and "sft: complete" in resumed.stdout
   _assert_same_run(ref, run)

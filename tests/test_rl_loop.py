@@ -102,7 +102,7 @@ def smoke_config(reward: str = "test_rl_digits", **rl: Any) -> ml_collections.Co
   config.sampling.max_new_tokens = 8
   config.sampling.temperature = 1.0
   pinned = dict(algorithm="grpo", prompts_per_step=8, group_size=4, max_prompt_len=8, epochs=1, minibatches=1,
-                grad_accum=1, learning_rate=1e-3, tis_cap=2.0, sampler_dtype="", dynamic_sampling=False,
+                grad_accum=1, learning_rate=1e-3, correction__cap=2.0, sampler_dtype="", dynamic_sampling=False,
                 loss_mode="token-mean", kl__placement="loss", kl__coef=0.01)
   for key, value in {**pinned, **rl}.items():
     node = config.rl
@@ -245,7 +245,7 @@ def _pg_loss(trainer: RLTrainer, batch: rl_update.TrainBatch, **fields: Any) -> 
 def test_bf16_sampler_gap_is_measured_and_corrected(tmp_path):
   """bfloat16 sampler, float32 trainer: the gap is logged, the weights are the truncated ratios, the loss uses them."""
   cap = 1.0005  # the raw weights of this tiny model are within about 1 +- 3e-3: some above the cap, most not
-  config = smoke_config(sampler_dtype="bfloat16", tis_cap=cap)
+  config = smoke_config(sampler_dtype="bfloat16", correction__cap=cap)
   trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda _: None)
   losses: dict[str, float] = {}
 
@@ -352,6 +352,52 @@ def test_dynamic_sampling_refills_to_exactly_prompts_per_step(tmp_path):
   # Every rollout, kept or dropped, was evidence for the curriculum.
   rounds = 1 + int(m["dynamic/extra_rollouts"])
   assert int(trainer.curriculum.attempts.sum()) - attempts_before == rounds * P * G
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollouts sampled ahead (rl.max_staleness)
+
+
+def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
+  """The pipeline at max_staleness 0 against the plain loop (draw prompts, sample with the current policy, score,
+  train): the same episodes, metrics and parameters, bit for bit, over three steps."""
+  config = smoke_config()
+  runs = []
+  for synchronous in (False, True):
+    trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path / str(synchronous))), log=lambda _: None)
+    if synchronous:  # no queue at all: each step samples its own rollout with the policy of the moment
+      trainer._first_rollout = lambda step, timings, t=trainer: (
+        t._rollout(t.curriculum.next_batch(t.rl.prompts_per_step), jax.random.fold_in(t._key(step), 0), timings), 0.0)
+    runs.append([record(trainer, step) for step in (1, 2, 3)])
+  for a, b in zip(*runs, strict=True):
+    np.testing.assert_array_equal(a.batch.host["tokens"], b.batch.host["tokens"])
+    assert float_metrics(a.metrics) == float_metrics(b.metrics)
+    assert all(np.asarray(x).tobytes() == np.asarray(y).tobytes()
+               for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True))
+  assert runs[0][-1].metrics["offpolicy/staleness_max"] == 0 and runs[0][-1].metrics["offpolicy/dropped"] == 0
+
+
+def test_staleness_one_samples_each_step_with_the_policy_one_update_old(tmp_path):
+  """At max_staleness 1, step k + 1's rollout is sampled while step k trains, with the parameters from before
+  update k: its tokens are what the sampler draws from those parameters with step k + 1's key, its sampler
+  log-probs are theirs (the loss corrects with them), and the step logs staleness 1."""
+  config = smoke_config(max_staleness=1, steps=3)
+  trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda _: None)
+  params = [jax.tree.map(jnp.copy, trainer.policy())]
+  recs = []
+  for step in (1, 2, 3):
+    recs.append(record(trainer, step))
+    params.append(jax.tree.map(jnp.copy, trainer.policy()))
+  assert [r.metrics["offpolicy/staleness_mean"] for r in recs] == [0.0, 1.0, 1.0]
+  assert not trainer._inflight  # nothing sampled past the last step
+  for step in (2, 3):
+    batch = recs[step - 1].batch
+    prompts = [p.prompt for p in batch.problems]
+    old = trainer.sampler.rollout(params[step - 2], prompts, jax.random.fold_in(trainer._key(step), 0))
+    np.testing.assert_array_equal(host(old[0].tokens), batch.host["tokens"])  # the policy of before update k - 1
+    np.testing.assert_array_equal(host(old[0].logprobs), host(batch.rollout.logprobs))
+    fresh = trainer.sampler.rollout(params[step - 1], prompts, jax.random.fold_in(trainer._key(step), 0))
+    assert not np.array_equal(host(fresh[0].logprobs), host(batch.rollout.logprobs))  # not the current policy's
 
 
 # ------------------------------------------------------------------------------------------------

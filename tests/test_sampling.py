@@ -130,6 +130,27 @@ def test_sample_token_frequencies_match_softmax():
   assert _chi_square_pvalue(np.asarray(biased), probs) < 1e-6
 
 
+def test_inverse_cdf_picks_the_token_whose_cumulative_weight_crosses_u():
+  # Two-level inverse CDF (blocks of ~sqrt(V) tokens) against a float64 cumulative sum: empty blocks, zero
+  # weights, a vocabulary that is not a multiple of the block, and u at 0 and just below 1.
+  rng = np.random.default_rng(0)
+  for V in (1, 6, 37, 4096, 5000):
+    w = rng.exponential(size=(64, V)).astype(np.float32)
+    w[rng.random((64, V)) < 0.5] = 0.0
+    w[:8, : V // 2] = 0.0  # whole leading blocks empty
+    w[8:16, V // 2:] = 0.0  # trailing ones empty
+    w[:, 0] = np.where(w.sum(axis=1) == 0, 1.0, w[:, 0])
+    u = rng.random(64).astype(np.float32)
+    u[:4], u[4:8] = 0.0, np.float32(1 - 2**-24)
+    tok = np.asarray(sampling._inverse_cdf(jnp.asarray(w), jnp.asarray(u)))
+    assert np.all(w[np.arange(64), tok] > 0), "drew a token of weight 0"
+    cdf = np.cumsum(w.astype(np.float64), axis=1)
+    target = u * cdf[:, -1]
+    below = np.where(tok > 0, cdf[np.arange(64), np.maximum(tok - 1, 0)], 0.0)
+    slack = 1e-5 * cdf[:, -1]
+    assert np.all(below <= target + slack) and np.all(target <= cdf[np.arange(64), tok] + slack)
+
+
 def test_bisection_thresholds_equal_sorting():
   # Top-k by bisection on the values' bits keeps exactly what a sort keeps, ties and -inf included; top-p keeps
   # the smallest most-probable set reaching p (ties at its edge included), as the sorted cumulative sum says.

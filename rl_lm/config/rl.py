@@ -11,6 +11,8 @@ from rl_lm.config.section import Section, folder, knob
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 GROUP_ALGORITHMS = ("grpo", "dr_grpo", "rloo")  # compare the samples of a group; score whole sequences
 LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov")  # rl_lm.rl.policy_losses
+CORRECTION_LEVELS = ("token", "sequence", "geometric")  # rl_lm.rl.correction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,24 @@ class Value(Section):
   gamma: float = knob(1.0, "[0, 1]")
   lam: float = knob(0.95, "[0, 1]")
   whiten_advantages: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Correction(Section):
+  """Rollout correction for the sampler/trainer gap and for stale rollouts (rl_lm.rl.correction): importance
+  weights pi_old / pi_rollout on each token's loss, and rejection of tokens or rows far off-policy."""
+
+  KEY = "rl.correction"
+  level: str = knob("token", CORRECTION_LEVELS)  # the IS ratio: per token, the row's product, its geometric mean
+  cap: float = knob(2.0, "[0, inf)")  # IS weight cap C (>= 1): truncated IS min(r, C); 0: no IS weights
+  lower: float = knob(0.0, "[0, 1]")  # > 0: two-sided (IcePop) masking, weight 0 outside [lower, cap], not truncated
+  reject: str = knob("none", ("none",) + CORRECTION_LEVELS)  # drop tokens / rows whose ratio leaves the band
+  reject_low: float = knob(0.5, "[0, 1]")  # rejection band [reject_low, reject_high] on pi_old / pi_rollout
+  reject_high: float = knob(2.0, "[1, inf)")
+
+  def check(self) -> None:
+    self.require(self.cap == 0 or self.cap >= 1, "cap", f"must be 0 or >= 1, got {self.cap}")
+    self.require(self.lower == 0 or self.cap > 0, "lower", "two-sided masking needs IS weights (cap > 0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,19 +109,25 @@ class Rl(Section):
   grad_clip: float = knob(1.0, "[0, inf)")  # global-norm clip of the gradients; 0: off
   clip_low: float = knob(0.2, "(0, 1)")  # ratio clip below 1 - clip_low
   clip_high: float = knob(0.2, "(0, inf)")  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
-  dual_clip: float = 0.0  # dual-clip constant for negative advantages (> 1), 0: off
+  dual_clip: float = 0.0  # dual-clip constant for negative advantages (> 1), 0: off (ppo loss only)
+  policy_loss: str = knob("ppo", POLICY_LOSSES)  # ppo: clipped surrogate; gspo, gmpo need seq-mean-token-mean
+  cov_ratio: float = knob(2e-4, "(0, 1]")  # clip_cov / kl_cov: fraction of tokens cut or penalised
+  cov_low: float = 1.0  # clip_cov: covariance band (cov_low, cov_high) of the tokens cut
+  cov_high: float = 5.0
+  cov_kl_coef: float = knob(0.1, "[0, inf)")  # kl_cov: coefficient of |logp - old| on the penalised tokens
   loss_mode: str = knob("token-mean", LOSS_MODES)
   norm_constant: int = knob(0, "[0, inf)")  # seq-mean-token-sum-norm divisor; 0: sampling.max_new_tokens
   scale_by_std: bool = True  # grpo: divide by the group std (False is Dr. GRPO)
   entropy_coef: float = knob(0.0, "[0, inf)")
-  tis_cap: float = 2.0  # truncated importance sampling cap C (>= 1) on exp(trainer_old - sampler); 0: off
   sampler_dtype: str = knob("", ("",) + DTYPES)  # sampler compute dtype ("" = model.dtype); bfloat16 samples cheaper
+  max_staleness: int = knob(0, "[0, inf)")  # rollouts sampled up to this many updates ahead (0: synchronous)
   dynamic_sampling: bool = False  # drop zero-variance groups and refill the batch (DAPO)
   max_extra_rollouts: int = knob(2, "[0, inf)")  # extra sampling rounds dynamic sampling may spend per step
   overlong: str = knob("none", ("none", "mask", "penalty"))  # truncated completions: out of the gradient, DAPO soft
   overlong_buffer: int = knob(4, "[0, inf)")  # penalty ramps over the last this-many tokens of the budget
   overlong_penalty: float = knob(1.0, "[0, inf)")  # penalty at the budget
   kl: Kl = dataclasses.field(default_factory=Kl)
+  correction: Correction = dataclasses.field(default_factory=Correction)
   value: Value = dataclasses.field(default_factory=Value)
   curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
   alarms: AlarmConfig = dataclasses.field(default_factory=AlarmConfig)
@@ -116,7 +142,11 @@ class Rl(Section):
     self.require(rows % per_update == 0, "minibatches",
                  f"rows per step ({rows}) must split into minibatches * grad_accum = {per_update} equal parts")
     self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"must be 0 or > 1, got {self.dual_clip}")
-    self.require(self.tis_cap == 0 or self.tis_cap >= 1, "tis_cap", f"must be 0 or >= 1, got {self.tis_cap}")
+    self.require(self.policy_loss not in ("gspo", "gmpo") or self.loss_mode == "seq-mean-token-mean", "loss_mode",
+                 f"{self.policy_loss} is a sequence-level loss: needs 'seq-mean-token-mean', got {self.loss_mode!r}")
+    self.require(self.cov_low < self.cov_high, "cov_high", f"must exceed cov_low = {self.cov_low}")
+    self.require(self.dual_clip == 0 or self.policy_loss == "ppo", "dual_clip",
+                 f"the dual clip belongs to the ppo loss, not {self.policy_loss}")
     self.require(not group or self.kl.placement != "reward", "kl.placement",
                  f"{self.algorithm} scores whole sequences; put the KL in the loss ('loss') or turn it off ('none')")
     self.require(self.algorithm != "ppo" or self.value.learning_rate > 0, "value.learning_rate",

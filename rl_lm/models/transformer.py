@@ -43,7 +43,12 @@ class LoraWeight(NamedTuple):
 
 
 class KVCache(NamedTuple):
-  """Preallocated keys and values of every layer. k, v: [L, B, S, K, Dh]."""
+  """Preallocated keys and values of every layer: k [L, B, K, Dh, S], v [L, B, K, S, Dh].
+
+  Keys are stored transposed so that both attention products of a decode step are plain [G, x] @ [x, y] matmuls
+  per (row, kv head): q [G, Dh] @ k [Dh, W], then probs [G, W] @ v [W, Dh]. With keys stored [W, Dh] the first
+  product reads k transposed, which XLA:CPU runs about four times slower.
+  """
 
   k: jax.Array
   v: jax.Array
@@ -267,15 +272,40 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> KVCache:
-  """Zeroed cache for `batch` rows of up to `length` tokens (prompt plus completion)."""
-  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
+  """Zeroed cache for `batch` rows of up to `length` tokens (prompt plus completion), its axes named."""
+  L, K, Dh = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
   dtype = cfg.compute_dtype if dtype is None else dtype
-  return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+  axes = cache_axes()
+  return KVCache(constrain(jnp.zeros((L, batch, K, Dh, length), dtype), axes.k),
+                 constrain(jnp.zeros((L, batch, K, length, Dh), dtype), axes.v))
 
 
 def cache_axes() -> KVCache:
-  axes = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
-  return KVCache(axes, axes)
+  return KVCache(("layers", "batch", "kv_heads", "head_dim", "cache_length"),
+                 ("layers", "batch", "kv_heads", "cache_length", "head_dim"))
+
+
+def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+  """Grouped-query attention over a cache window. q [B,T,H,Dh], k [B,K,Dh,W], v [B,K,W,Dh], allowed [B,T,W] ->
+  [B,T,H,Dh]. A decode step (T = 1) drops the length axis: per (row, kv head), [G, Dh] @ [Dh, W] @ [W, Dh]."""
+  B, T, H, Dh = q.shape
+  K = cfg.n_kv_heads
+  G = H // K
+  scale = np.float32(1 / np.sqrt(Dh))
+  q, k = q.astype(jnp.float32), k.astype(jnp.float32)  # scores in float32 (XLA:CPU has no bf16 x bf16 -> f32 here)
+  if T == 1:
+    q = q.reshape(B, K, G, Dh)
+    scores = jnp.einsum("bkgd,bkdw->bkgw", q, k) * scale
+    scores = jnp.where(allowed[:, None], scores, _NEG_INF)  # allowed [B, 1, W]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgw,bkwd->bkgd", probs, v)
+    return out.reshape(B, 1, H, Dh)
+  q = q.reshape(B, T, K, G, Dh)
+  scores = jnp.einsum("btkgd,bkdw->bkgtw", q, k) * scale
+  scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, K, G, T, W]
+  out = jnp.einsum("bkgtw,bkwd->btkgd", probs, v)
+  return out.reshape(B, T, H, Dh)
 
 
 def forward_cached(
@@ -291,20 +321,20 @@ def forward_cached(
   kv_mask[b, s] and s <= index + t. Prefill is this call with index 0; decoding is T = 1.
   window: attend over cache slots [0, window) only (static; every slot at or before index + T - 1 must
   lie inside it), so a step costs what the filled part of the cache costs, not all S slots. The cache is
-  carried through the layer loop and written in place: a step writes T slots per layer, never a new cache.
+  written in place: a step writes T slots per layer, never a new cache.
   index: a scalar (every row writes slots index..index+T-1), or [B] int32 with T = 1 (row b writes slot
   index[b]: rows at different lengths, as in continuous batching).
   """
   chex.assert_rank(tokens, 2)  # checked while tracing: free per step
   chex.assert_type(tokens, int)
-  (B, T), S = tokens.shape, cache.k.shape[2]
+  (B, T), S = tokens.shape, cache.v.shape[3]
   W = S if window is None else window
   chex.assert_shape(positions, (B, T))
   chex.assert_shape(kv_mask, (B, S))
-  chex.assert_shape([cache.k, cache.v], (cfg.n_layers, B, S, cfg.n_kv_heads, cfg.head_dim))
+  chex.assert_shape(cache.k, (cfg.n_layers, B, cfg.n_kv_heads, cfg.head_dim, S))
+  chex.assert_shape(cache.v, (cfg.n_layers, B, cfg.n_kv_heads, S, cfg.head_dim))
   if not 0 < W <= S:
     raise ValueError(f"window {W} outside (0, {S}]")
-  dt = cfg.compute_dtype
   cos, sin = rope_tables(cfg, positions)
   slots = jnp.arange(W)[None, :]
   index = jnp.asarray(index, jnp.int32)
@@ -318,24 +348,27 @@ def forward_cached(
     causal = (slots <= (index + jnp.arange(T))[:, None])[None]  # [1, T, W]
   allowed = causal & kv_mask[:, :W].astype(bool)[:, None, :]  # [B, T, W]
   rows = jnp.arange(B)
-  window_shape = (1, B, W, cfg.n_kv_heads, cfg.head_dim)
+  dt = cfg.compute_dtype
+
+  K, Dh = cfg.n_kv_heads, cfg.head_dim
 
   def body(carry, lp):
-    x, k_all, v_all, layer = carry  # k_all, v_all [L, B, S, K, Dh]
+    x, k_all, v_all, layer = carry  # k_all [L, B, K, Dh, S], v_all [L, B, K, S, Dh]
 
-    def attend(q, k, v):
+    def attend(q, k, v):  # k, v [B, T, K, Dh]: written at their slots, then the layer's window read back
+      k = jnp.transpose(k, (0, 2, 3, 1)).astype(k_all.dtype)  # [B, K, Dh, T]
+      v = jnp.transpose(v, (0, 2, 1, 3)).astype(v_all.dtype)  # [B, K, T, Dh]
       if per_row:  # one slot per row, scattered in place
-        k_new = k_all.at[layer, rows, index].set(k[:, 0].astype(k_all.dtype))
-        v_new = v_all.at[layer, rows, index].set(v[:, 0].astype(v_all.dtype))
+        k_new = k_all.at[layer, rows, :, :, index].set(k[..., 0])
+        v_new = v_all.at[layer, rows, :, index].set(v[:, :, 0])
       else:
-        at = (layer, 0, index, 0, 0)
-        k_new = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
-        v_new = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
-      k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), window_shape)[0]  # [B, W, K, Dh]
-      v_w = jax.lax.dynamic_slice(v_new, (layer, 0, 0, 0, 0), window_shape)[0]
-      k_w = constrain(k_w, ("batch", "cache_length", "kv_heads", "head_dim"))
-      v_w = constrain(v_w, ("batch", "cache_length", "kv_heads", "head_dim"))
-      return _attention(cfg, q, k_w.astype(dt), v_w.astype(dt), allowed), (k_new, v_new)
+        k_new = jax.lax.dynamic_update_slice(k_all, k[None], (layer, 0, 0, 0, index))
+        v_new = jax.lax.dynamic_update_slice(v_all, v[None], (layer, 0, 0, index, 0))
+      k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), (1, B, K, Dh, W))[0]  # [B, K, Dh, W]
+      v_w = jax.lax.dynamic_slice(v_new, (layer, 0, 0, 0, 0), (1, B, K, W, Dh))[0]  # [B, K, W, Dh]
+      k_w = constrain(k_w, ("batch", "kv_heads", "head_dim", "cache_length"))
+      v_w = constrain(v_w, ("batch", "kv_heads", "cache_length", "head_dim"))
+      return _attend_cache(cfg, q, k_w.astype(dt), v_w.astype(dt), allowed), (k_new, v_new)
 
     x, (k_all, v_all) = _layer(cfg, lp, x, cos, sin, attend)
     return (x, k_all, v_all, layer + 1), None

@@ -1,4 +1,4 @@
-"""Losses: aggregation modes, clipped policy loss, value loss, entropy, truncated importance sampling, SFT.
+"""Losses: aggregation modes, clipped policy loss, value loss, entropy, SFT (importance weights: rl/correction.py).
 
 All functions take [B, T] token arrays with an explicit mask, compute in float32, and return a
 scalar loss (to minimise) plus a dict of float32 scalar metrics with namespaced keys. Every
@@ -182,30 +182,6 @@ def entropy_bonus(
 ) -> jax.Array:
   """coef * aggregate(entropy [B, T]): a scalar to subtract from the loss to encourage exploration."""
   return jnp.asarray(coef, jnp.float32) * aggregate(entropy, mask, mode, norm_constant)
-
-
-def truncated_is_weights(
-  old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, cap: float
-) -> tuple[jax.Array, Metrics]:
-  """Truncated importance-sampling weights for the sampler / trainer mismatch (Yao et al. 2025, verl TIS).
-
-  w = min(exp(old_logp - sampler_logp), cap) on valid tokens and 0 on masked ones (which no loss
-  reads); a constant (stop_gradient). old_logp: trainer log-probs of the rollout tokens under the
-  parameters that sampled them; sampler_logp: what the sampler reported. [B, T] -> ([B, T], metrics).
-  Metrics: offpolicy/is_weight_mean, offpolicy/is_weight_max (after the cap), offpolicy/is_truncated_frac
-  (fraction of valid tokens whose raw weight exceeded the cap).
-  """
-  if not isinstance(cap, jax.Array) and cap <= 0:
-    raise ValueError(f"importance-weight cap must be positive, got {cap}")
-  m = as_bool(mask)  # [B, T]
-  raw = jnp.exp(jnp.where(m, _f32(old_logp) - _f32(sampler_logp), 0.0))  # [B, T], may be inf: min handles it
-  w = jax.lax.stop_gradient(jnp.where(m, jnp.minimum(raw, cap), 0.0))
-  metrics = {
-    "offpolicy/is_weight_mean": masked_mean(w, m),
-    "offpolicy/is_weight_max": masked_max(w, m),
-    "offpolicy/is_truncated_frac": masked_mean(jax.lax.stop_gradient(raw > cap), m),
-  }
-  return w, metrics
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:

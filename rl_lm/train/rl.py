@@ -11,11 +11,12 @@
 
 The sampler runs the policy's own parameters (cast to `rl.sampler_dtype` when set). Its log-probs
 and the trainer's for the same tokens are both kept: the gap is logged every step and corrected by
-truncated importance sampling (`rl.tis_cap`).
+importance weights and rejection (`rl.correction`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -91,6 +92,7 @@ class Episodes:
   success: np.ndarray  # [B] bool
   statuses: list[str]
   gold: np.ndarray | None = None  # [B] the configured rewards beside a learned one (NaN where invalid)
+  staleness: np.ndarray | None = None  # [B] updates applied between sampling a row and training on it
 
   @staticmethod
   def select(parts: Sequence[Episodes], rows: np.ndarray, take: Any) -> Episodes:
@@ -102,7 +104,19 @@ class Episodes:
       take(jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p.rollout for p in parts]), rows),
       {k: array(p.host[k] for p in parts) for k in parts[0].host}, [items("texts")[i] for i in rows],
       array(p.scores for p in parts), array(p.valid for p in parts), array(p.success for p in parts),
-      [items("statuses")[i] for i in rows], array(p.gold for p in parts) if parts[0].gold is not None else None)
+      [items("statuses")[i] for i in rows], array(p.gold for p in parts) if parts[0].gold is not None else None,
+      array(p.staleness for p in parts))
+
+
+@dataclasses.dataclass
+class Pending:
+  """A rollout dispatched to the device and not yet scored: the step it trains at, its problems (one per row), the
+  device arrays, and the policy version that samples it (the number of updates applied to the parameters)."""
+
+  step: int
+  problems: list[Problem]
+  rollout: sampling.Rollout
+  version: int
 
 
 # The run-health curves drawn at the end of a run (curves.png in the workdir).
@@ -140,6 +154,8 @@ class RLTrainer:
     self.test_problems = self._fitting(self.task.test_problems(config.task.eval_size, seed=config.seed), "held-out")
     self.alarm_cfg = diagnostics.AlarmConfig.from_section(rl.alarms)
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
+    self._inflight: collections.deque[Pending] = collections.deque()  # rollouts sampled ahead (rl.max_staleness)
+    self._version = 0  # updates applied to the policy
     self.lora = lora_lib.from_section(config.model)  # None: every weight trains
     self.learned = None  # a reward_model.RewardModel when config.reward.learned
     if config.reward.learned:
@@ -222,6 +238,7 @@ class RLTrainer:
   def train_step(self, step: int) -> dict[str, float]:
     """prompts -> rollout -> rewards -> prepare (advantages) -> update; returns the step's metrics."""
     timings: dict[str, float] = {}
+    self._version = step - 1
     batch, seen, stats = self.collect(step, timings)  # prompts, rollout, rewards (and dynamic sampling)
     with diagnostics.timed(timings, "prepare"):  # log-probs, values, advantages, IS weights, diagnostics
       value = self.state.value.params if self.state.value is not None else None
@@ -232,6 +249,7 @@ class RLTrainer:
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
       key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 4), step)
       self.state, update_metrics = self.update_fn(self.state, train_batch, key, self.reference if self.lora else None)
+      self._version = step
       rollout_metrics, update_metrics = mesh_lib.fetch((rollout_metrics, update_metrics))
     flags = update_metrics.pop("train/skipped_flags")
     self._skips.count(flags.tolist(), [update_metrics] * len(flags), step)
@@ -239,11 +257,19 @@ class RLTrainer:
       self._update_curriculum(episodes)
     return self._step_metrics(batch, seen, stats, rollout_metrics, update_metrics, timings)
 
-  def _rollout(self, problems: list[Problem], rng: jax.Array, timings: dict[str, float]) -> Episodes:
-    """G episodes per problem, scored; the configured rewards, or the learned one with them as the gold."""
+  def _dispatch(self, step: int, problems: list[Problem], rng: jax.Array) -> Pending:
+    """Starts G episodes per problem on the device with the current policy; returns at once."""
     rows = [p for p in problems for _ in range(self.G)]
-    with diagnostics.timed(timings, "sampling"):
-      rollout, host, texts = self.sampler.rollout(self.policy(), [p.prompt for p in rows], rng)
+    rollout = self.sampler.dispatch(self.policy(), [p.prompt for p in rows], rng)
+    return Pending(step, rows, rollout, self._version)
+
+  def _score(self, pending: Pending, timings: dict[str, float]) -> Episodes:
+    """Waits for a dispatched rollout and scores it: the configured rewards, or the learned one with them as the
+    gold."""
+    rows, rollout = pending.problems, pending.rollout
+    with diagnostics.timed(timings, "sampling"):  # the host waits for the device's tokens
+      host, texts = self.sampler.finish(rollout)
+    self._refill(pending.step)  # the device samples ahead while the host scores
     with diagnostics.timed(timings, "scoring"):
       results = self.reward.batch(rows, texts)
       scores = np.asarray([r.score for r in results], np.float32)
@@ -259,7 +285,52 @@ class RLTrainer:
       if self.rl.overlong == "penalty":
         scores = scores + overlong_penalty(host["lengths"], host["finished"], self.N, self.rl.overlong_buffer,
                                            self.rl.overlong_penalty)
-    return Episodes(rows, rollout, host, texts, scores, valid, success, [r.status for r in results], gold)
+    staleness = np.full((len(rows),), self._version - pending.version, np.float32)
+    return Episodes(rows, rollout, host, texts, scores, valid, success, [r.status for r in results], gold, staleness)
+
+  def _rollout(self, problems: list[Problem], rng: jax.Array, timings: dict[str, float]) -> Episodes:
+    """G fresh episodes per problem (the current policy), scored."""
+    with diagnostics.timed(timings, "sampling"):
+      pending = self._dispatch(0, problems, rng)
+    return self._score(pending, timings)
+
+  def _key(self, step: int) -> jax.Array:
+    """The sampling key of a step's rollouts (fold_in(key, i) for its i-th)."""
+    return jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
+
+  def _refill(self, step: int) -> None:
+    """With `rl.max_staleness` s > 0, keeps the rollouts of steps step + 1 ... step + s dispatched, sampled by the
+    current policy, so the device samples them while the host scores and the device trains. Never past the last
+    step, nor past a step that ends in a checkpoint: the pipeline drains there, so a resumed run regenerates the
+    same rollouts (from the saved parameters) as the run that was not interrupted."""
+    if not step:  # a fresh rollout (dynamic sampling's extras), not the step's own
+      return
+    horizon = step
+    while horizon < min(step + self.rl.max_staleness, self.rl.steps) and not self._checkpoint_due(horizon):
+      horizon += 1
+    queued = self._inflight[-1].step if self._inflight else step
+    for t in range(queued + 1, horizon + 1):
+      self._inflight.append(self._dispatch(t, self.curriculum.next_batch(self.rl.prompts_per_step),
+                                           jax.random.fold_in(self._key(t), 0)))
+
+  def _checkpoint_due(self, step: int) -> bool:
+    stage = getattr(self, "_stage", None)
+    return stage is not None and stage.due(step)
+
+  def _first_rollout(self, step: int, timings: dict[str, float]) -> tuple[Episodes, float]:
+    """The step's own rollout: the one dispatched ahead for it (at most `rl.max_staleness` updates old), or a
+    fresh one. Returns (its episodes, how many rollouts were dropped as too stale)."""
+    dropped = 0.0
+    while self._inflight and (self._inflight[0].step < step or
+                              self._version - self._inflight[0].version > self.rl.max_staleness):
+      self._inflight.popleft()  # sampled by a policy too old (or for a step already past): never trained on
+      dropped += 1
+    if self._inflight and self._inflight[0].step == step:
+      return self._score(self._inflight.popleft(), timings), dropped
+    with diagnostics.timed(timings, "sampling"):
+      pending = self._dispatch(step, self.curriculum.next_batch(self.rl.prompts_per_step),
+                               jax.random.fold_in(self._key(step), 0))
+    return self._score(pending, timings), dropped
 
   def _trains(self, episodes: Episodes) -> np.ndarray:
     """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
@@ -273,11 +344,13 @@ class RLTrainer:
     """One step's episodes, every rollout drawn for them, and the dynamic-sampling statistics. With dynamic
     sampling, zero-variance groups are replaced by fresh ones."""
     P, G = self.rl.prompts_per_step, self.G
-    key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
-    seen = [self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, 0), timings)]
+    key = self._key(step)
+    first, dropped = self._first_rollout(step, timings)
+    seen = [first]
     zero_var = [self._zero_variance(seen[0])]
     # The fraction in the first draw: what a run without dynamic sampling would have trained on.
-    stats = {"groups/zero_variance_frac": float(zero_var[0].mean()), "dynamic/extra_rollouts": 0.0}
+    stats = {"groups/zero_variance_frac": float(zero_var[0].mean()), "dynamic/extra_rollouts": 0.0,
+             "offpolicy/dropped": dropped * self.B}
     if not self.rl.dynamic_sampling:
       return seen[0], seen, stats
     while len(seen) <= self.rl.max_extra_rollouts and sum(int((~z).sum()) for z in zero_var) < P:
@@ -306,6 +379,8 @@ class RLTrainer:
     if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
     metrics.update(stats)
+    metrics["offpolicy/staleness_mean"] = float(np.mean(batch.staleness))
+    metrics["offpolicy/staleness_max"] = float(np.max(batch.staleness))
     metrics.update(self.curriculum.metrics())
     metrics["rollout/verifier_errors"] = float(sum((~e.valid).sum() for e in seen))  # dropped groups too
     # Timeouts the completions caused (their program or answer overran): scored 0, counted apart.

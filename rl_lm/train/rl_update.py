@@ -24,8 +24,8 @@ from rl_lm import mesh as mesh_lib
 from rl_lm.models import heads, lora, scoring
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import advantages as adv_lib
+from rl_lm.rl import correction, losses, masked, policy_losses
 from rl_lm.rl import kl as kl_lib
-from rl_lm.rl import losses, masked
 from rl_lm.train import state as state_lib
 
 GROUP_ALGORITHMS = ("grpo", "dr_grpo", "rloo")
@@ -126,14 +126,18 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     values = token_values(cfg, value, rollout.tokens, attn) if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
-    is_w = jnp.ones_like(old_logp)
-    if rl.tis_cap > 0:
-      is_w, metrics = losses.truncated_is_weights(old_logp, rollout.logprobs, comp, rl.tis_cap)
+    is_w, keep, fix = jnp.ones_like(old_logp), comp, rl.correction
+    if fix.cap > 0:
+      is_w, metrics = correction.importance_weights(old_logp, rollout.logprobs, comp, fix.level, fix.cap, fix.lower)
+    if fix.reject != "none":
+      keep, rejected = correction.rejection_mask(old_logp, rollout.logprobs, comp, fix.reject, fix.reject_low,
+                                                 fix.reject_high)
+      metrics.update(rejected)
     metrics.update(diagnostics.rollout_metrics(
       completion_mask=comp, scores=scored.scores, valid=scored.valid, success=scored.success, group_size=rl.group_size,
       sampler_logprobs=rollout.logprobs, logprobs=old_logp, ref_logprobs=ref_logp, entropy=entropy,
       truncated=~rollout.finished, lengths=rollout.lengths, values=values, returns=returns))
-    mask = comp & scored.trains[:, None]
+    mask = keep & scored.trains[:, None]
     return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
 
   return jax.jit(mesh_lib.bind(prepare, mesh, rules))
@@ -178,6 +182,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   policy_opt, value_opt = optimizers
   kl_in_loss = rl.kl.placement == "loss"
   dual = rl.dual_clip if rl.dual_clip > 0 else None
+  loss_options = policy_losses.options(rl)
   is_ppo = rl.algorithm == "ppo"
   E, M, A = rl.epochs, rl.minibatches, rl.grad_accum
 
@@ -186,9 +191,9 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     policy = policy_params(policy, frozen, lora_cfg)
     logp, ent, _ = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature)  # [m, T] each
     mask = mb.mask
-    loss, metrics = losses.policy_loss(
-      logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
-      dual_clip=dual, mode=rl.loss_mode, is_weights=mb.is_weights, norm_constant=norm_constant)
+    loss, metrics = policy_losses.compute(
+      rl.policy_loss, logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
+      dual_clip=dual, mode=rl.loss_mode, is_weights=mb.is_weights, norm_constant=norm_constant, **loss_options)
     metrics = dict(metrics)
     metrics["policy/pg_loss"] = loss
     kl_tok = kl_lib.estimate(logp, mb.ref_logp, rl.kl.estimator, mask=mask)

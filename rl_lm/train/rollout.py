@@ -65,20 +65,28 @@ class Sampler:
       lengths[i] = len(ids)
     return out, lengths
 
-  def rollout(self, params: Any, texts: Sequence[str], rng: jax.Array
-              ) -> tuple[sampling.Rollout, dict[str, np.ndarray], list[str]]:
-    """Samples one completion for each of exactly `rows` texts, for training: the rollout stays on the device
-    where the sampler wrote it; only tokens, lengths and `finished` come to the host (once), to decode the
-    completions. Returns (device rollout, those host arrays, the completion texts)."""
+  def dispatch(self, params: Any, texts: Sequence[str], rng: jax.Array) -> sampling.Rollout:
+    """Starts sampling one completion for each of exactly `rows` texts, for training, and returns at once: the
+    rollout is computed on the device (JAX dispatch is asynchronous) while the host goes on."""
     if len(texts) != self.rows:
       raise ValueError(f"Sampler.rollout takes exactly {self.rows} prompts, got {len(texts)}")
     prompts, lengths = self.encode(texts)
     params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
     put = lambda x: mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
-    out = self._generate(params, put(prompts), put(lengths), jax.random.fold_in(rng, 0))
+    return self._generate(params, put(prompts), put(lengths), jax.random.fold_in(rng, 0))
+
+  def finish(self, out: sampling.Rollout) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Waits for a dispatched rollout and brings tokens, lengths and `finished` to the host (once), to decode the
+    completions; the rollout itself stays on the device. Returns (those host arrays, the completion texts)."""
     host = mesh_lib.fetch({"tokens": out.tokens, "lengths": out.lengths, "finished": out.finished})
     P = self.prompt_len
-    return out, host, [self.tok.decode(host["tokens"][i, P: P + host["lengths"][i]]) for i in range(self.rows)]
+    return host, [self.tok.decode(host["tokens"][i, P: P + host["lengths"][i]]) for i in range(self.rows)]
+
+  def rollout(self, params: Any, texts: Sequence[str], rng: jax.Array
+              ) -> tuple[sampling.Rollout, dict[str, np.ndarray], list[str]]:
+    """`dispatch` then `finish`: (device rollout, host arrays, completion texts)."""
+    out = self.dispatch(params, texts, rng)
+    return (out, *self.finish(out))
 
   def sample(self, params: Any, texts: Sequence[str], rng: jax.Array) -> dict[str, np.ndarray]:
     """Samples one completion per text. Returns host arrays (see `sampling.Rollout`) plus `texts`."""
