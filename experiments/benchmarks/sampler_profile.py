@@ -3,9 +3,9 @@
   python -m experiments.benchmarks.sampler_profile [--batch=32] [--new=64,2048] [--calls=2] [--lines=12]
 
 The fixed shape (preset `bench`: 4 layers, d 256, MLP 1024, 8 x 32 query heads, 2 KV heads, vocab 4096, float32),
-16-token prompts, temperature 1, no stop token, so every row decodes all N tokens. `experiments.benchmarks.xla_trace`
-attributes every executed op to the rl_lm source line (and function) that emitted it; this script sums the ops by
-part of a decode step and divides by the N decode steps:
+16-token prompts, temperature 1, no stop token; every row decodes `--steps` tokens (the cache sized for N).
+`experiments.benchmarks.xla_trace` attributes every executed op to the rl_lm source line (and function) that
+emitted it; this script sums the ops by part of a decode step and divides by the decode steps:
 - projections and MLP: the q, k, v, o, gate, up and down matmuls (`transformer._dense`);
 - vocabulary projection: the logits (`logits_from_hidden`, tied embedding);
 - layer-loop weight slices: the `lax.scan` over layers copying each layer's weights out of the stacked arrays;
@@ -47,13 +47,14 @@ PARTS = {  # rl_lm function -> part of a decode step
 }
 
 
-def profile(batch: int, new: int, calls: int) -> list[xla_trace.Row]:
+def profile(batch: int, new: int, steps: int, calls: int) -> list[xla_trace.Row]:
+  """The trace of `calls` generate calls with an N = `new` token cache, every row stopping after `steps` tokens."""
   cfg = presets.get("bench", max_seq_len=max(512, 16 + new))
   params = transformer.init(cfg, jax.random.key(0))
   prompts = jax.random.randint(jax.random.key(1), (batch, 16), 3, cfg.vocab_size, jnp.int32)
   lengths = jnp.full((batch,), 16, jnp.int32)
   scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0)
-  stop, budget = sampling.stop_and_budget(scfg, batch, None, None)
+  stop, budget = sampling.stop_and_budget(scfg, batch, None, steps)
   jitted = jax.jit(functools.partial(sampling._generate, cfg, scfg))
   return xla_trace.profile(jitted, params, prompts, lengths, jax.random.key(2), stop, budget, calls=calls)
 
@@ -63,7 +64,8 @@ def by_part(rows: list[xla_trace.Row], steps: int) -> list[tuple[str, float]]:
   parts: dict[str, float] = {}
   for r in rows:
     per_step = r.executions >= steps - 1
-    part = PARTS.get(r.function, "norms, rotary, SiLU, other") if per_step else "once per call (prefill)"
+    function = r.function.rsplit(".", 1)[-1]  # nested functions come qualified: "forward_cached.<locals>.attend"
+    part = PARTS.get(function, "norms, rotary, SiLU, other") if per_step else "once per call (prefill)"
     parts[part] = parts.get(part, 0.0) + r.ms / steps
   return sorted(parts.items(), key=lambda kv: -kv[1])
 
@@ -96,21 +98,24 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--new", default="64,2048")
   parser.add_argument("--calls", type=int, default=2, help="traced calls per shape (after one warm-up)")
+  parser.add_argument("--steps", type=int, default=64, help="decode steps traced per call (the profiler's buffer "
+                      "holds a few hundred steps of events)")
   parser.add_argument("--lines", type=int, default=12, help="source lines to list")
   args = parser.parse_args()
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}, preset bench, float32")
   for new in (int(n) for n in args.new.split(",")):
-    rows = profile(args.batch, new, args.calls)
-    parts = by_part(rows, new)
+    steps = min(new, args.steps)
+    rows = profile(args.batch, new, steps, args.calls)
+    parts = by_part(rows, steps)
     total = sum(ms for _, ms in parts)
-    print(f"\nN = {new} new tokens (cache {16 + new} slots): ms per decode step, ops summed")
+    print(f"\ncache of {16 + new} slots (N = {new}), the first {steps} tokens: ms per decode step, ops summed")
     print("part | ms | share")
     print("--- | --- | ---")
     for part, ms in parts:
       print(f"{part} | {ms:.3f} | {ms / total:.0%}")
     print(f"all ops | {total:.3f} | 100%")
     print(f"\nthe {args.lines} most costly source lines (ms per decode step):")
-    print(xla_trace.table(rows, per=new, top=args.lines))
+    print(xla_trace.table(rows, per=steps, top=args.lines))
   print("\ndraw alone from [B, V] logits | ms")
   for name, ms in draw_times(args.batch, presets.get("bench").vocab_size):
     print(f"{name} | {ms:.3f}")

@@ -107,7 +107,7 @@ class Rl(Section):
   warmup_steps: int = knob(0, "[0, inf)")
   weight_decay: float = knob(0.0, "[0, inf)")
   grad_clip: float = knob(1.0, "[0, inf)")  # global-norm clip of the gradients; 0: off
-  clip_low: float = knob(0.2, "(0, 1)")  # ratio clip below 1 - clip_low
+  clip_low: float = knob(0.2, "(0, inf)")  # ratio clip below 1 - clip_low (>= 1: none; CISPO clips above only)
   clip_high: float = knob(0.2, "(0, inf)")  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
   dual_clip: float = 0.0  # dual-clip constant for negative advantages (> 1), 0: off (ppo loss only)
   policy_loss: str = knob("ppo", POLICY_LOSSES)  # ppo: clipped surrogate; gspo, gmpo need seq-mean-token-mean
