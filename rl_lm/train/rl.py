@@ -156,6 +156,7 @@ class RLTrainer:
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
     self._inflight: collections.deque[Pending] = collections.deque()  # rollouts sampled ahead (rl.max_staleness)
     self._version = 0  # updates applied to the policy
+    self._stage: stage_run.StageRun | None = None  # set by run(): its checkpoint steps drain the pipeline
     self.lora = lora_lib.from_section(config.model)  # None: every weight trains
     self.learned = None  # a reward_model.RewardModel when config.reward.learned
     if config.reward.learned:
@@ -288,10 +289,12 @@ class RLTrainer:
     staleness = np.full((len(rows),), self._version - pending.version, np.float32)
     return Episodes(rows, rollout, host, texts, scores, valid, success, [r.status for r in results], gold, staleness)
 
-  def _rollout(self, problems: list[Problem], rng: jax.Array, timings: dict[str, float]) -> Episodes:
-    """G fresh episodes per problem (the current policy), scored."""
+  def _rollout(self, problems: list[Problem], rng: jax.Array, timings: dict[str, float], step: int = 0
+               ) -> Episodes:
+    """G fresh episodes per problem (the current policy), scored; `step`: the step whose own rollout this is (0:
+    an extra one, for dynamic sampling)."""
     with diagnostics.timed(timings, "sampling"):
-      pending = self._dispatch(0, problems, rng)
+      pending = self._dispatch(step, problems, rng)
     return self._score(pending, timings)
 
   def _key(self, step: int) -> jax.Array:
@@ -314,8 +317,7 @@ class RLTrainer:
                                            jax.random.fold_in(self._key(t), 0)))
 
   def _checkpoint_due(self, step: int) -> bool:
-    stage = getattr(self, "_stage", None)
-    return stage is not None and stage.due(step)
+    return self._stage is not None and self._stage.due(step)
 
   def _first_rollout(self, step: int, timings: dict[str, float]) -> tuple[Episodes, float]:
     """The step's own rollout: the one dispatched ahead for it (at most `rl.max_staleness` updates old), or a
@@ -327,10 +329,8 @@ class RLTrainer:
       dropped += 1
     if self._inflight and self._inflight[0].step == step:
       return self._score(self._inflight.popleft(), timings), dropped
-    with diagnostics.timed(timings, "sampling"):
-      pending = self._dispatch(step, self.curriculum.next_batch(self.rl.prompts_per_step),
-                               jax.random.fold_in(self._key(step), 0))
-    return self._score(pending, timings), dropped
+    problems = self.curriculum.next_batch(self.rl.prompts_per_step)
+    return self._rollout(problems, jax.random.fold_in(self._key(step), 0), timings, step), dropped
 
   def _trains(self, episodes: Episodes) -> np.ndarray:
     """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
