@@ -208,6 +208,10 @@ _RULES = (
 )
 
 
+# Sampler/trainer agreement: meaningful when both score the same parameters (no row sampled ahead).
+_NUMERICS = ("offpolicy/logprob_gap_mean_abs", "offpolicy/sampler_trainer_kl")
+
+
 def _scalar(v: Any) -> float | None:
   """A float from a Python / numpy / jax scalar; None for anything else (strings, arrays of size > 1)."""
   if isinstance(v, bool | int | float | np.number):
@@ -226,7 +230,9 @@ def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> 
 
   Each names the metric, its value and the threshold: "ALARM policy/entropy=0.012 < 0.05: entropy collapsed".
   Missing metrics are skipped; a non-finite value gives "ALARM <key>=nan: non-finite value" instead. A threshold
-  turns its alarm off at 0 (a minimum), 1 (a maximum fraction) or inf (another maximum).
+  turns its alarm off at 0 (a minimum), 1 (a maximum fraction) or inf (another maximum). The sampler/trainer
+  agreement alarms are off for a batch with rows sampled ahead (`offpolicy/staleness_max` > 0): there the gap is
+  the policy's change over those updates, which the importance weights correct, not a numerical disagreement.
   """
   cfg = cfg or AlarmConfig()
   alarms = []
@@ -235,9 +241,12 @@ def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> 
       v = _scalar(metrics[key])
       if v is not None and not math.isfinite(v):
         alarms.append(f"ALARM {key}={v}: non-finite value")
+  stale = (_scalar(metrics.get("offpolicy/staleness_max")) or 0.0) > 0
   for key, field, op, meaning in _RULES:
     v, threshold = _scalar(metrics.get(key)), getattr(cfg, field)
     if v is None or not math.isfinite(v):  # missing, or reported above
+      continue
+    if stale and key in _NUMERICS:  # rows sampled updates ago: the gap is the policy's own change, by design
       continue
     if (op == "<" and v < threshold) or (op == ">" and v > threshold):
       alarms.append(f"ALARM {key}={v:.4g} {op} {threshold:g}: {meaning}")

@@ -208,6 +208,10 @@ def test_alarms_fire_with_names_values_and_thresholds():
                                            zero_variance_max=1.0, invalid_frac_max=1.0)) == []
   assert check_alarms({"rollout/truncation_rate": 0.7}, AlarmConfig(truncation_max=0.5)) == [
     "ALARM rollout/truncation_rate=0.7 > 0.5: completions keep hitting max_new_tokens"]
+  # Rows sampled ahead: their sampler/trainer gap is the policy's change, not a disagreement; the rest still fire.
+  stale = check_alarms({**metrics, "offpolicy/staleness_max": 1.0},
+                       AlarmConfig(entropy_min=0.05, kl_max=0.5, logprob_gap_max=0.05))
+  assert len(stale) == 4 and not any("logprob_gap" in a for a in stale)
 
 
 def test_non_finite_alarm():
