@@ -22,6 +22,9 @@ step in each phase, as `train_step` times them:
 - prepare, update: the host waiting for the device's prepare and update (at s > 0 they queue behind the
   rollout being sampled ahead, so part of the sampling time shows up here);
 - other: the rest of the step (curriculum, metrics).
+And the share of the machine's cores kept busy over the timed steps (CPU seconds of this process's threads and of
+the sandbox's finished processes / (wall seconds x cores)): overlapping can only fill the idle share, so
+1 / cores busy at staleness 0 bounds what it can gain on this machine.
 On this CPU the device and the host share two cores: what overlapping wins is mostly the host's scoring time.
 Medians over rounds; the ratio to staleness 0 is the figure to read on a shared machine.
 """
@@ -61,6 +64,13 @@ def config(task: str, staleness: int, steps: int):
   return c
 
 
+def _cpu_seconds() -> float:
+  """CPU seconds of this process (every thread: the host's Python and XLA's) and of its finished children (the
+  sandbox's processes)."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
 def child(task: str, staleness: int, warmup: int, steps: int) -> dict:
   import jax
 
@@ -85,6 +95,7 @@ def child(task: str, staleness: int, warmup: int, steps: int) -> dict:
       trainer.train_step(step)
     jax.block_until_ready(trainer.state)
     phases = {p: 0.0 for p in PHASES}
+    cpu0 = _cpu_seconds()
     tokens, start = 0, time.perf_counter()
     for step in range(warmup + 1, warmup + steps + 1):
       m = trainer.train_step(step)
@@ -92,8 +103,9 @@ def child(task: str, staleness: int, warmup: int, steps: int) -> dict:
       for p in PHASES:
         phases[p] += m.get(f"perf/time_{p}_s", 0.0)
     wall = time.perf_counter() - start
-  return {"tokens_per_s": tokens / wall, "step_s": wall / steps, **{f"{p}_s": v / steps for p, v in phases.items()},
-          "staleness_mean": m["offpolicy/staleness_mean"]}
+    busy = (_cpu_seconds() - cpu0) / (wall * len(os.sched_getaffinity(0)))
+  return {"tokens_per_s": tokens / wall, "step_s": wall / steps, "cores_busy": busy,
+          **{f"{p}_s": v / steps for p, v in phases.items()}, "staleness_mean": m["offpolicy/staleness_mean"]}
 
 
 def main() -> None:
@@ -124,15 +136,16 @@ def main() -> None:
         print(f"round {r + 1} {task} staleness {s}: {runs[task, s][-1]['tokens_per_s']:,.0f} completion tokens/s",
               flush=True)
   print("\ntask | staleness | completion tokens/s (median) | vs staleness 0 | step s | sampling | scoring | prepare "
-        "| update | other (s per step)")
-  print("--- | --- | --- | --- | --- | --- | --- | --- | --- | ---")
+        "| update | other (s per step) | cores busy")
+  print("--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---")
   for task in tasks:
     med = lambda s, k, task=task: statistics.median(x[k] for x in runs[task, s])
     for s in levels:
       other = med(s, "step_s") - sum(med(s, f"{p}_s") for p in PHASES)
       rate, ratio = med(s, "tokens_per_s"), med(s, "tokens_per_s") / med(levels[0], "tokens_per_s")
       split = " | ".join(f"{med(s, f'{p}_s'):.3f}" for p in PHASES)
-      print(f"{task} | {s} | {rate:,.0f} | {ratio:.2f}x | {med(s, 'step_s'):.3f} | {split} | {other:.3f}")
+      busy = med(s, "cores_busy")
+      print(f"{task} | {s} | {rate:,.0f} | {ratio:.2f}x | {med(s, 'step_s'):.3f} | {split} | {other:.3f} | {busy:.0%}")
 
 
 if __name__ == "__main__":
