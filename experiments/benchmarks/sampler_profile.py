@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the JAX profiler's per-op trace of whole `sampling.generate` calls, by part.
 
-  python -m experiments.benchmarks.sampler_profile [--batch=32] [--new=64,2048] [--calls=2] [--lines=12]
+  python -m experiments.benchmarks.sampler_profile [--batch=32] [--new=64,2048] [--steps=64] [--calls=2] [--lines=12]
 
 The fixed shape (preset `bench`: 4 layers, d 256, MLP 1024, 8 x 32 query heads, 2 KV heads, vocab 4096, float32),
 16-token prompts, temperature 1, no stop token; every row decodes `--steps` tokens (the cache sized for N).
