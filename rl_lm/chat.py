@@ -96,3 +96,17 @@ class ChatTemplate:
         break
       stops.append(i)
     return tuple(stops[:1])
+
+  def reply(self, content: str, role: str = "user") -> str:
+    """The text that follows an assistant's reply in a conversation: the rest of its end of turn, a `role` turn of
+    `content`, and the generation prompt. A multi-turn episode appends it (as tokens) after the policy's stop
+    token, so the episode reads as the template would render the whole conversation. The end-of-turn token
+    itself leads the text; the caller drops it when the policy already sampled it."""
+    marker = "\u2063reply\u2063"
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+    before = self.render(history, add_generation_prompt=False)
+    after = self.render([*history, {"role": role, "content": content}], add_generation_prompt=True)
+    if marker not in before or not after.startswith(before):
+      raise ChatTemplateError("chat template: a conversation does not render as the prefix of its continuation, so "
+                              "turns cannot be appended token by token")
+    return before.split(marker, 1)[1] + after[len(before):]

@@ -205,6 +205,7 @@ _RULES = (
   ("rollout/invalid_frac", "invalid_frac_max", ">", "too many verifier errors"),
   ("rollout/truncation_rate", "truncation_max", ">", "completions keep hitting max_new_tokens"),
   ("offpolicy/is_weight_max", "is_weight_max", ">", "importance weights exploded"),
+  ("episodes/failure_env", "env_failure_max", ">", "environments keep failing (masked episodes, not the policy)"),
 )
 
 

@@ -156,6 +156,14 @@ class HFTokenizer:
       return self.encode(self.chat.prompt(text))
     return ([self.bos_id] if self.add_bos else []) + self.encode(text)
 
+  def encode_reply(self, text: str) -> list[int]:
+    """An environment's reply, as the tokens that follow the policy's stop token: the template's user turn and
+    generation prompt (the end-of-turn token the policy sampled left out), or the text itself without a template."""
+    if self.chat is None:
+      return self.encode(text)
+    ids = self.encode(self.chat.reply(text))
+    return ids[1:] if ids and ids[0] in self.stop_ids else ids
+
   def decode(self, ids: Sequence[int]) -> str:
     """The text of `ids` up to the first stop id, special tokens left out."""
     ids = [int(i) for i in ids]

@@ -95,7 +95,7 @@ def test_unknown_variant_and_missing_workdir(tmp_path):
 # Variants that validate on this machine; a config that needs a checkpoint is checked through its tiny variant.
 VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"],
             "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"],
-            "smollm2_arithmetic": [None, "smoke", "gpu"]}
+            "smollm2_arithmetic": [None, "smoke", "gpu"], "calculator": [None, "smoke", "faults", "local"]}
 NEEDS_WHEEL = {"smollm2_arithmetic"}  # converts the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest)
 
 

@@ -87,6 +87,7 @@ class AlarmConfig(Section):
   invalid_frac_max: float = knob(0.1, "[0, 1]")  # rollout/invalid_frac above: too many verifier errors
   truncation_max: float = knob(1.0, "[0, 1]")  # rollout/truncation_rate above: completions hit max_new_tokens
   is_weight_max: float = knob(math.inf, "(0, inf]")  # offpolicy/is_weight_max above; inf: off
+  env_failure_max: float = knob(0.1, "[0, 1]")  # episodes/failure_env above: environments keep failing (config.env)
   check_finite: bool = True  # any NaN or inf metric raises an alarm
 
 
@@ -151,6 +152,44 @@ class Rl(Section):
                  f"{self.algorithm} scores whole sequences; put the KL in the loss ('loss') or turn it off ('none')")
     self.require(self.algorithm != "ppo" or self.value.learning_rate > 0, "value.learning_rate",
                  f"must be > 0, got {self.value.learning_rate}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults(Section):
+  """Faults injected into environment steps (rl_lm/envs/workers.py runs them), each at a rate per step, to measure
+  the failure classifier and learning under broken environments."""
+
+  KEY = "env.faults"
+  crash: float = knob(0.0, "[0, 1]")  # the worker process dies mid-step
+  hang: float = knob(0.0, "[0, 1]")  # the step never answers (the worker is killed at the step timeout)
+  slow: float = knob(0.0, "[0, 1]")  # the step takes half the step timeout, then answers normally
+
+  def check(self) -> None:
+    self.require(self.crash + self.hang + self.slow <= 1, "slow", "the fault rates must add up to at most 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Env(Section):
+  """Multi-turn environments (rl_lm/envs): the RL stage runs episodes of `name` instead of single completions."""
+
+  KEY, STAGES = "env", ("rl",)
+  name: str = ""  # a registered environment (rl_lm.envs.base.register): calculator | python_tool | ...; "": none
+  max_turns: int = knob(4, "(0, inf)")  # the policy's turns per episode
+  turn_tokens: int = knob(32, "(0, inf)")  # tokens of one policy turn (its stop token included)
+  max_tokens: int = knob(128, "(0, inf)")  # the whole episode, prompt and observations included: the KV cache
+  workers: int = knob(2, "[0, inf)")  # environment worker processes; 0: in this process (no timeouts, no faults)
+  step_timeout_s: float = knob(10.0, "(0, inf)")  # a step (or reset) not answered by then: hang, worker replaced
+  faults: Faults = dataclasses.field(default_factory=Faults)
+
+  def check(self) -> None:
+    if self.name:
+      from rl_lm.envs import base
+
+      self.require(self.name in base.names(), "name",
+                   f"unknown environment {self.name!r}; registered: {', '.join(base.names())}")
+    injected = self.faults.crash + self.faults.hang + self.faults.slow
+    self.require(not injected or self.workers > 0, "workers", "injected faults need environment workers (>= 1)")
+    self.require(self.turn_tokens < self.max_tokens, "turn_tokens", f"must be below max_tokens = {self.max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)

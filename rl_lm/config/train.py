@@ -13,11 +13,13 @@ class Task(Section):
   """Where prompts come from (rl_lm.tasks)."""
 
   KEY, STAGES = "task", ("sft", "reward_model", "dpo", "rl")
-  name: str = "arithmetic"  # arithmetic | gsm8k | humaneval | preferences
+  name: str = "arithmetic"  # arithmetic | products | gsm8k | humaneval | preferences
   levels: tuple[int, ...] = (1, 2, 3)  # arithmetic difficulty levels in play
   worked: bool = False  # arithmetic: SFT targets show one operation per line before the answer
   test_fraction: float = knob(0.1, "(0, 1)")  # arithmetic: share of expressions (by hash) held out for evaluation
   decimal_demos: float = knob(0.0, "[0, 1]")  # arithmetic: share of SFT targets written "33.0" (imperfect demos)
+  digits: int = knob(3, "(0, inf)")  # products: digits of each factor
+  tool_demos: float = knob(0.5, "[0, 1]")  # products: share of SFT demonstrations that call the calculator
   data_dir: str = knob("", folder)  # gsm8k / humaneval: folder of the JSONL files ("" = ../shared/data/<task>)
   template: str = "plain"  # plain | chat (the checkpoint's chat template frames the prompt as a user turn; any
   #                          task but preferences, needs an hf tokenizer) | gsm8k only: a string with {question}

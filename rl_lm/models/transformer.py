@@ -311,6 +311,7 @@ def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, al
 def forward_cached(
   cfg: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
   index: jax.Array, kv_mask: jax.Array, last_only: bool = False, window: int | None = None,
+  take: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache]:
   """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache); with
   `last_only`, the logits of the last position alone ([B, 1, V]: a prefill needs no more, and with a large
@@ -322,8 +323,11 @@ def forward_cached(
   window: attend over cache slots [0, window) only (static; every slot at or before index + T - 1 must
   lie inside it), so a step costs what the filled part of the cache costs, not all S slots. The cache is
   written in place: a step writes T slots per layer, never a new cache.
-  index: a scalar (every row writes slots index..index+T-1), or [B] int32 with T = 1 (row b writes slot
-  index[b]: rows at different lengths, as in continuous batching).
+  index: a scalar (every row writes slots index..index+T-1), or [B] int32 (row b writes slots index[b] ..
+  index[b] + T - 1: rows at different lengths, as in continuous batching and multi-turn episodes; slots past
+  the cache's end are not written).
+  take: [B] int32, the logits of position take[b] of each row alone ([B, 1, V]; a per-row `last_only`, for
+  chunks whose rows end at different lengths).
   """
   chex.assert_rank(tokens, 2)  # checked while tracing: free per step
   chex.assert_type(tokens, int)
@@ -341,9 +345,7 @@ def forward_cached(
   per_row = index.ndim == 1
   if per_row:
     chex.assert_shape(index, (B,))
-    if T != 1:
-      raise ValueError(f"a per-row index needs one new token per row, got T = {T}")
-    causal = (slots <= index[:, None])[:, None, :]  # [B, 1, W]
+    causal = slots[:, None, :] <= (index[:, None] + jnp.arange(T))[:, :, None]  # [B, T, W]
   else:
     causal = (slots <= (index + jnp.arange(T))[:, None])[None]  # [1, T, W]
   allowed = causal & kv_mask[:, :W].astype(bool)[:, None, :]  # [B, T, W]
@@ -358,9 +360,13 @@ def forward_cached(
     def attend(q, k, v):  # k, v [B, T, K, Dh]: written at their slots, then the layer's window read back
       k = jnp.transpose(k, (0, 2, 3, 1)).astype(k_all.dtype)  # [B, K, Dh, T]
       v = jnp.transpose(v, (0, 2, 1, 3)).astype(v_all.dtype)  # [B, K, T, Dh]
-      if per_row:  # one slot per row, scattered in place
+      if per_row and T == 1:  # one slot per row, scattered in place
         k_new = k_all.at[layer, rows, :, :, index].set(k[..., 0])
         v_new = v_all.at[layer, rows, :, index].set(v[:, :, 0])
+      elif per_row:  # T slots per row from index[b]; advanced indices first: values [B, T, K, Dh]
+        at = index[:, None] + jnp.arange(T)  # [B, T]
+        k_new = k_all.at[layer, rows[:, None], :, :, at].set(jnp.transpose(k, (0, 3, 1, 2)), mode="drop")
+        v_new = v_all.at[layer, rows[:, None], :, at].set(jnp.transpose(v, (0, 2, 1, 3)), mode="drop")
       else:
         k_new = jax.lax.dynamic_update_slice(k_all, k[None], (layer, 0, 0, 0, index))
         v_new = jax.lax.dynamic_update_slice(v_all, v[None], (layer, 0, 0, index, 0))
@@ -375,5 +381,9 @@ def forward_cached(
 
   carry = (_embed(cfg, params, tokens), cache.k, cache.v, jnp.int32(0))
   (x, k, v, _), _ = jax.lax.scan(body, carry, params["layers"])
-  h = rms_norm(x[:, -1:] if last_only else x, params["final_norm"], cfg.rms_eps)
+  if take is not None:
+    x = jnp.take_along_axis(x, jnp.clip(take, 0, T - 1).astype(jnp.int32)[:, None, None], axis=1)  # [B, 1, D]
+  elif last_only:
+    x = x[:, -1:]
+  h = rms_norm(x, params["final_norm"], cfg.rms_eps)
   return logits_from_hidden(cfg, params, h), KVCache(k, v)

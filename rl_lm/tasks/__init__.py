@@ -1,4 +1,4 @@
-"""Tasks: built-in arithmetic (the default), GSM8K, HumanEval and synthetic preferences.
+"""Tasks: built-in arithmetic (the default), products (for the calculator), GSM8K, HumanEval, synthetic preferences.
 
 `make_task(name, **options)` builds a task by name; every task serves `Problem`s through
 `train_problems`, `test_problems` and `reference_completion` (see `rl_lm.tasks.base.Task`).
@@ -13,9 +13,11 @@ from rl_lm.tasks.base import Problem, Task
 from rl_lm.tasks.gsm8k import GSM8KTask
 from rl_lm.tasks.humaneval import HumanEvalTask
 from rl_lm.tasks.preferences import SyntheticPreferences
+from rl_lm.tasks.products import ProductsTask
 
 TASKS = {
   "arithmetic": ArithmeticTask, "gsm8k": GSM8KTask, "humaneval": HumanEvalTask, "preferences": SyntheticPreferences,
+  "products": ProductsTask,
 }
 
 
@@ -27,5 +29,6 @@ def make_task(name: str, **options: Any) -> Task:
 
 
 __all__ = [
-  "ArithmeticTask", "GSM8KTask", "HumanEvalTask", "Problem", "SyntheticPreferences", "Task", "TASKS", "make_task",
+  "ArithmeticTask", "GSM8KTask", "HumanEvalTask", "Problem", "ProductsTask", "SyntheticPreferences", "Task", "TASKS",
+  "make_task",
 ]

@@ -37,6 +37,7 @@ from rl_lm.rl import kl as kl_lib
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
+from rl_lm.train import agent as agent_lib
 from rl_lm.train import reward_model, rl_update, stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
@@ -49,6 +50,9 @@ def task_from_config(config: Any) -> Task:
   if t.name == "arithmetic":
     return make_task("arithmetic", levels=tuple(t.levels), worked=t.worked, test_fraction=t.test_fraction,
                      decimal_demos=t.decimal_demos, seed=config.seed, template=t.template)
+  if t.name == "products":
+    return make_task("products", digits=t.digits, test_fraction=t.test_fraction, tool_demos=t.tool_demos,
+                     seed=config.seed)
   if t.name == "preferences":
     return make_task("preferences", seed=config.seed, test_fraction=t.test_fraction, beta=config.preferences.beta)
   options: dict[str, Any] = {}
@@ -152,6 +156,9 @@ class RLTrainer:
     pool = self._fitting(training_pool(self.task, config.task.pool_size, config.seed), "training")
     self.curriculum = Curriculum(pool, CurriculumConfig.from_section(rl.curriculum), seed=config.seed)
     self.test_problems = self._fitting(self.task.test_problems(config.task.eval_size, seed=config.seed), "held-out")
+    self.agent = agent_lib.Agent(config, ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, self.B, self.log
+                                 ) if config.env.name else None  # multi-turn episodes
+    self._episode_batches: list[Any] = []  # the step's episodes (for episodes/* metrics)
     self.alarm_cfg = diagnostics.AlarmConfig.from_section(rl.alarms)
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
     self._inflight: collections.deque[Pending] = collections.deque()  # rollouts sampled ahead (rl.max_staleness)
@@ -293,6 +300,12 @@ class RLTrainer:
                ) -> Episodes:
     """G fresh episodes per problem (the current policy), scored; `step`: the step whose own rollout this is (0:
     an extra one, for dynamic sampling)."""
+    if self.agent is not None:  # multi-turn: the policy and the environments take turns, scored as they go
+      rows = [p for p in problems for _ in range(self.G)]
+      with diagnostics.timed(timings, "episodes"):
+        batch, fields = self.agent.episodes(self.policy(), rows, rng, self._version + 1, len(self._episode_batches))
+      self._episode_batches.append(batch)
+      return Episodes(rows, batch.rollout, staleness=np.zeros((len(rows),), np.float32), **fields)
     with diagnostics.timed(timings, "sampling"):
       pending = self._dispatch(step, problems, rng)
     return self._score(pending, timings)
@@ -386,6 +399,9 @@ class RLTrainer:
     # Timeouts the completions caused (their program or answer overran): scored 0, counted apart.
     metrics["rollout/timeouts"] = float(sum(s == "timeout" for e in seen for s in e.statuses))
     metrics.update(diagnostics.perf_metrics(timings, int(sum(e.host["lengths"].sum() for e in seen))))
+    if self.agent is not None:
+      metrics.update(self.agent.metrics(self._episode_batches))
+      self._episode_batches = []
     return metrics
 
   def _device(self, tree: Any) -> Any:
@@ -412,8 +428,11 @@ class RLTrainer:
       return self.greedy_sampler.sample(params, prompts, key)["texts"]
 
     correct_fn = evaluation.correct_from_reward(self.correctness)  # verifier faults: excluded, counted
-    result = evaluation.evaluate(self.test_problems, sample_fn, correct_fn, cfg.num_samples,
-                                 greedy_fn=greedy_fn if cfg.greedy else None)
+    if self.agent is not None:  # pass@k over whole episodes, the environment the judge
+      result = self.agent.evaluate(params, self.test_problems, cfg.num_samples, cfg.greedy, key)
+    else:
+      result = evaluation.evaluate(self.test_problems, sample_fn, correct_fn, cfg.num_samples,
+                                   greedy_fn=greedy_fn if cfg.greedy else None)
     if self.learned is not None:  # the gold the learned reward stands in for, on the same samples
       by_prompt = {p.prompt: p for p in self.test_problems}
       scored = self.reward.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])
@@ -453,6 +472,13 @@ class RLTrainer:
 
   def run(self) -> dict[str, Any]:
     """The RL stage: resumes from `<workdir>/checkpoints/rl` when it holds checkpoints."""
+    try:
+      return self._stage_run()
+    finally:
+      if self.agent is not None:
+        self.agent.close()  # the environment workers
+
+  def _stage_run(self) -> dict[str, Any]:
     with stage_run.StageRun(self.config, self.ctx.workdir, "rl", self.rl.steps, "metrics.jsonl", self._skips,
                             self.log) as stage:
       self._stage = stage
@@ -514,6 +540,8 @@ def _eval_line(r: evaluation.EvalResult) -> str:
   parts = [f"pass@{k} {r.pass_at_k[k]:.3f}" for k in ks if k in (1, ks[-1]) or k == 8]
   if r.greedy_accuracy is not None:
     parts.append(f"greedy {r.greedy_accuracy:.3f}")
+  if "tool_call_rate" in r.extra:
+    parts.append(f"tool calls {r.extra['tool_call_rate']:.3f}")
   return " | ".join(parts)
 
 

@@ -3,6 +3,10 @@
 Works from any task that yields (prompt, target) pairs: `Problem.prompt` and
 `task.reference_completion(problem)`. Sequences are `[bos] prompt target [eos]`, right-padded to
 `config.sft.max_len`; the loss counts the target and eos tokens.
+
+A task with multi-turn demonstrations (`task.demonstration(problem)`: ("policy", text) and ("env", observation)
+turns) trains on the token layout of an episode (rl_lm/envs/episodes.py): the prompt, each policy turn and its
+stop token (trained), each observation framed as the rollout frames it (`episodes.Framing`, not trained).
 """
 
 from __future__ import annotations
@@ -45,6 +49,33 @@ def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str
   return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
 
 
+def encode_episodes(tok: tokenizer_lib.Tokenizer, demos: Sequence[tuple[str, list[tuple[str, str]]]], max_len: int
+                    ) -> dict[str, np.ndarray]:
+  """(prompt, turns) demonstrations -> the arrays of `encode_examples`, with loss on the policy's turns only."""
+  from rl_lm.envs.episodes import Framing
+
+  framing = Framing(tok)
+  B = len(demos)
+  tokens = np.full((B, max_len), tok.pad_id, np.int32)
+  mask = np.zeros((B, max_len), bool)
+  loss_mask = np.zeros((B, max_len), bool)
+  truncated = 0
+  stop = tok.stop_ids[-1]  # the chat template's end of turn when there is one, else eos
+  for i, (prompt, turns) in enumerate(demos):
+    ids = framing.first(prompt)
+    trains = [False] * len(ids)
+    for who, text in turns:
+      part = tok.encode(text) + [stop] if who == "policy" else framing.next(text)
+      ids += part
+      trains += [who == "policy"] * len(part)
+    truncated += len(ids) > max_len
+    ids, trains = ids[:max_len], trains[:max_len]
+    tokens[i, : len(ids)] = ids
+    mask[i, : len(ids)] = True
+    loss_mask[i, : len(ids)] = trains
+  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
+
+
 def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: int, seed: int, start: int = 0
             ) -> Iterator[dict[str, np.ndarray]]:
   """Endless SFT batches from the task's training problems (a finite task is cycled, reshuffled per pass),
@@ -55,11 +86,14 @@ def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: 
       yield from task.train_problems(None, seed=seed + epoch)
 
   stream = problems()
+  multi_turn = hasattr(task, "demonstration")
+  demo = task.demonstration if multi_turn else task.reference_completion
   for _ in range(start * batch_size):  # replayed, not skipped: a task's demonstrations may draw from its own RNG
-    task.reference_completion(next(stream))
+    demo(next(stream))
+  encode = encode_episodes if multi_turn else encode_examples
   while True:
     chunk = list(itertools.islice(stream, batch_size))
-    yield encode_examples(tok, [(p.prompt, task.reference_completion(p)) for p in chunk], max_len)
+    yield encode(tok, [(p.prompt, demo(p)) for p in chunk], max_len)
 
 
 def sft_loss(model_cfg: Any):

@@ -1,0 +1,74 @@
+"""The tiny model learns to call a calculator: three-digit products it cannot do in its head (issue 15's demo).
+
+  python -m rl_lm.main --config=configs/calculator.py --workdir=/tmp/rl_lm/calculator
+
+Stages: SFT on demonstrations of two kinds (rl_lm/tasks/products.py): half call the calculator
+(`[calc(347*862)]`, read its answer, copy it), half write the product straight away. The tiny model cannot
+multiply three-digit numbers, so imitating the second kind it guesses; GRPO over whole episodes
+(rl_lm/envs/calculator.py: reward 1 for the exact product) teaches it to reach for the tool. Held-out pass@k
+and greedy accuracy over episodes before and after RL, with the tool-call rate, turns and failure classes
+(episodes/*) every step.
+
+Variants: `smoke` (seconds, for tests), `faults` (10% of environment steps crash, hang or stall: the
+classifier's precision and recall, and learning with broken environments masked), `local` (environments in
+this process).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from rl_lm.config import base_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  config = base_config()
+  config.stages = ("sft", "rl")
+  config.model.preset = "tiny"
+  config.task.name = "products"
+  config.task.digits = 3
+  config.task.test_fraction = 0.2
+  config.task.tool_demos = 0.5
+  config.task.eval_size = 100
+  config.env.name = "calculator"
+  config.env.max_turns = 3
+  config.env.turn_tokens = 16  # "[calc(999*999)]" and its stop token
+  config.env.max_tokens = 64
+  config.env.workers = 2
+  config.env.step_timeout_s = 5.0
+  config.sampling.max_new_tokens = 16
+  config.sft.steps = 300
+  config.sft.max_len = 48
+  config.rl.algorithm = "grpo"
+  config.rl.steps = 40
+  config.rl.prompts_per_step = 16
+  config.rl.group_size = 8
+  config.rl.max_prompt_len = 12
+  config.rl.minibatches = 4
+  config.rl.learning_rate = 1e-4
+  config.rl.kl.coef = 0.01
+  config.eval.num_samples = 8
+  config.eval.rows = 128
+  if arg == "smoke":
+    config.model.preset = "test"
+    config.sft.steps = 10
+    config.sft.log_every = 5
+    config.rl.steps = 2
+    config.rl.prompts_per_step = 4
+    config.rl.group_size = 4
+    config.rl.minibatches = 1
+    config.task.pool_size = 100
+    config.task.eval_size = 8
+    config.eval.num_samples = 2
+    config.eval.rows = 16
+    config.env.workers = 1
+  elif arg == "faults":
+    config.env.faults.crash = 0.04
+    config.env.faults.hang = 0.03
+    config.env.faults.slow = 0.03
+    config.env.step_timeout_s = 2.0
+  elif arg == "local":
+    config.env.workers = 0
+  elif arg:
+    raise ValueError(f"configs/calculator.py: unknown variant {arg!r}; known: smoke, faults, local")
+  return config

@@ -1,0 +1,173 @@
+"""Multi-turn episodes, token in and token out (rl_lm/envs/episodes.py): the trajectory is exactly the sampled and
+observation tokens laid end to end, the trainer scores the sampled tokens as the sampler drew them, and the loss
+and KL never touch an observation token."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_lm import sampling, tokenizer
+from rl_lm.envs import base, episodes, failures
+from rl_lm.models import presets, transformer
+from rl_lm.rl import advantages, kl, losses
+from rl_lm.tasks.base import Problem
+
+
+class ScriptedEnv(base.Environment):
+  """Written against the documented interface only: replies "ok<turn>;" twice, then ends the episode."""
+
+  def reset(self, problem, rng):
+    self.turn = 0
+    return problem.prompt
+
+  def step(self, action):
+    self.turn += 1
+    if self.turn >= 3:
+      return base.Step("", 1.0, True, {"success": True})
+    return base.Step(f"ok{self.turn};", 0.0, False, {"tool_calls": 1})
+
+
+TOK = tokenizer.CharTokenizer()
+CFG = presets.get("test")
+STOPS = tuple(range(2, 40))  # eos and 37 more: a random model ends most turns within a few tokens
+
+
+def _runner(rows, limits, greedy=False, temperature=1.0):
+  scfg = sampling.SamplingConfig(max_new_tokens=limits.turn_tokens, temperature=temperature, greedy=greedy,
+                                 stop_tokens=STOPS, pad_id=TOK.pad_id)
+  return episodes.EpisodeRunner(CFG, scfg, TOK, episodes.LocalEnvs(ScriptedEnv), limits, rows)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  params = transformer.init(CFG, jax.random.key(0))
+  runner = _runner(4, episodes.EpisodeLimits(max_turns=4, turn_tokens=12, max_tokens=96))
+  problems = [Problem(id=f"p{i}", prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(4)]
+  out = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
+  return params, runner, problems, out
+
+
+def test_trajectory_is_the_sampled_and_observation_tokens_end_to_end(batch):
+  params, runner, problems, out = batch
+  tokens, fill = out.host["tokens"], out.host["fill"]
+  sampled = np.asarray(out.rollout.completion_mask)
+  prompt_mask = np.asarray(out.rollout.prompt_mask)
+  assert out.turns.max() >= 2, "some episode should take several turns"
+  for b in range(4):
+    expect = list(TOK.encode_prompt(problems[b].prompt))
+    marks = [False] * len(expect)
+    pos = len(expect)
+    for turn in range(out.turns[b]):
+      # the policy's turn: sampled tokens up to and including its stop token (or its budget)
+      j = pos
+      while j < fill[b] and sampled[b, j]:
+        j += 1
+      turn_ids = tokens[b, pos:j].tolist()
+      assert turn_ids, f"row {b} turn {turn}: no sampled tokens"
+      expect += turn_ids
+      marks += [True] * len(turn_ids)
+      pos = j
+      if turn + 1 < out.turns[b]:
+        obs = runner.framing.next(f"ok{turn + 1};")
+        expect += obs
+        marks += [False] * len(obs)
+        pos += len(obs)
+    assert tokens[b, : fill[b]].tolist() == expect
+    assert sampled[b, : fill[b]].tolist() == marks
+    assert not sampled[b, fill[b]:].any() and not prompt_mask[b, fill[b]:].any()
+    assert (prompt_mask[b, : fill[b]] == ~np.asarray(marks)).all()
+
+
+def test_trainer_logprobs_equal_sampler_logprobs_across_turns(batch):
+  params, _, _, out = batch
+  trainer = sampling.completion_logprobs(CFG, params, out.rollout)
+  mask = np.asarray(out.rollout.completion_mask)
+  np.testing.assert_allclose(np.asarray(trainer)[mask], np.asarray(out.rollout.logprobs)[mask], atol=2e-5)
+  assert np.all(np.asarray(out.rollout.logprobs)[~mask] == 0)
+
+
+def test_episode_accounting(batch):
+  _, _, _, out = batch
+  for b in range(4):
+    v = out.verdicts[b]
+    if v.outcome == "success":
+      assert out.turns[b] == 3 and out.returns[b] == 1.0 and out.tool_calls[b] == 2
+    else:
+      assert v.outcome == "model", v  # the scripted environment never fails; a random policy runs over budgets
+  assert out.host["lengths"].tolist() == np.asarray(out.rollout.completion_mask).sum(1).tolist()
+
+
+def test_greedy_episode_equals_stepwise_full_forward():
+  """Greedy multi-turn decoding with the carried cache picks, at every sampled slot, the argmax of a full forward
+  over the episode so far: the cache across turns is the whole history."""
+  params = transformer.init(CFG, jax.random.key(3))
+  runner = _runner(2, episodes.EpisodeLimits(max_turns=3, turn_tokens=6, max_tokens=64), greedy=True)
+  problems = [Problem(id="a", prompt="12=", answer="x"), Problem(id="b", prompt="7*8=", answer="y")]
+  out = runner.run(params, problems, jax.random.key(0), seeds=[0, 0])
+  tokens, fill = out.host["tokens"], out.host["fill"]
+  mask = np.arange(tokens.shape[1])[None, :] < fill[:, None]
+  logits = np.asarray(transformer.forward(CFG, params, jnp.asarray(tokens), jnp.asarray(mask)))
+  sampled = np.asarray(out.rollout.completion_mask)
+  for b in range(2):
+    for t in np.flatnonzero(sampled[b]):
+      assert tokens[b, t] == int(np.argmax(logits[b, t - 1])), (b, t)
+
+
+def test_loss_and_kl_never_touch_observation_tokens(batch):
+  params, _, _, out = batch
+  mask = out.rollout.completion_mask
+  logp = sampling.completion_logprobs(CFG, params, out.rollout)
+  adv = advantages.broadcast_to_tokens(jnp.asarray([1.0, -1.0, 0.5, -0.5]), mask)
+
+  def objective(logp_all):
+    loss, _ = losses.policy_loss(logp_all, jax.lax.stop_gradient(logp_all), adv, mask, 0.2, 0.2, None, "token-mean")
+    kl_tok = kl.estimate(logp_all, logp_all * 0.9, "k3", mask=mask)
+    return loss + jnp.sum(jnp.where(mask, kl_tok, 0.0))
+
+  full = out.rollout.prompt_mask | mask
+  grad = np.asarray(jax.grad(objective)(logp + 0.0))
+  obs = np.asarray(out.rollout.prompt_mask)
+  assert np.all(grad[obs] == 0) and np.all(grad[~np.asarray(full)] == 0)
+  assert np.any(grad[np.asarray(mask)] != 0)
+
+
+def test_gae_carries_over_observation_holes():
+  """verl's convention for masked holes: the value and the advantage carry over an observation unchanged.
+  Tokens: a0 a1 | o o | a2 (mask 1 1 0 0 1), reward 1 on a2, gamma 1, lambda 1 -> every sampled token's
+  advantage is 1 - V(t): A(a2) = 1 - 0.5, A(a1) = 0 + V(a2) - V(a1) + A... = 1 - 0.2, A(a0) = 1 - 0.1."""
+  rewards = jnp.asarray([[0.0, 0.0, 0.0, 0.0, 1.0]])
+  values = jnp.asarray([[0.1, 0.2, 9.0, 9.0, 0.5]])  # values on the hole are ignored
+  mask = jnp.asarray([[1, 1, 0, 0, 1]], bool)
+  adv, ret = advantages.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+  np.testing.assert_allclose(np.asarray(adv), [[0.9, 0.8, 0.0, 0.0, 0.5]], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ret), [[1.0, 1.0, 0.0, 0.0, 1.0]], atol=1e-6)
+  # gamma 0.5, lambda 0.5: a1's delta uses V(a2) as the next value, across the hole.
+  adv, _ = advantages.gae(rewards, values, mask, gamma=0.5, lam=0.5)
+  d2 = 1.0 - 0.5
+  d1 = 0.0 + 0.5 * 0.5 - 0.2
+  d0 = 0.0 + 0.5 * 0.2 - 0.1
+  a1 = d1 + 0.25 * d2
+  np.testing.assert_allclose(np.asarray(adv)[0, [0, 1, 4]], [d0 + 0.25 * a1, a1, d2], atol=1e-6)
+
+
+def test_failure_verdicts():
+  t = failures.Tracker()
+  t.environment("crash: worker died")
+  t.finish(True)
+  assert t.verdict().outcome == "environment" and not t.verdict().trains
+  t = failures.Tracker()
+  t.model("malformed tool call")
+  assert t.verdict() == failures.Verdict("model", "malformed tool call")
+  t = failures.Tracker()
+  t.finish(False)
+  assert t.verdict().outcome == "task"
+  t = failures.Tracker()
+  for _ in range(3):
+    t.turn([5, 6], "[calc(1+1)]", True)
+  assert t.repeating()
+  t = failures.Tracker()
+  t.turn([7, 8, 9] * 5, "xyzxyz", stopped=False)
+  assert t.verdict() == failures.Verdict("model", "repetition loop")
+  assert failures.periodic_tail([1, 2, 1, 2, 1, 2, 1, 2]) and not failures.periodic_tail([1, 2, 3, 4, 5, 6, 7, 8])
+  assert failures.precision_recall([True, True, False], [True, False, False]) == (0.5, 1.0)
