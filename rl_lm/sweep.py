@@ -21,7 +21,7 @@ At the end one row per point (overrides, status, wall time, final metrics, the l
 goes to `DIR/sweep_results.csv`, `DIR/sweep_results.md` and the console; `DIR/sweep.png` plots the first metric
 against the first swept parameter. A metric (`--metrics`) is `key` (its last value in metrics.jsonl, the RL
 stage), `sft:key` (in sft_metrics.jsonl), or `after:field` / `before:field` (the evaluation after / before RL in
-rl_summary.json: pass@1, greedy_accuracy, ...).
+rl_summary.json: pass@1, greedy_accuracy, ... and its `extra` fields, e.g. tool_call_rate).
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def _last_values(path: Path) -> dict[str, Any]:
 def _evaluation(result: Any) -> dict[str, Any]:
   """An evaluation of rl_summary.json (a dict, or EvalResult.to_json()'s string) with `pass@k` fields."""
   result = json.loads(result) if isinstance(result, str) else result or {}
-  return {**result, **{f"pass@{k}": v for k, v in result.get("pass_at_k", {}).items()}}
+  return {**result, **result.get("extra", {}), **{f"pass@{k}": v for k, v in result.get("pass_at_k", {}).items()}}
 
 
 def _number(value: Any) -> float | None:

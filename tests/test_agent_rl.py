@@ -155,3 +155,30 @@ def test_runner_labels_crashed_episodes_environment_and_classifier_scores():
   verdicts = [failures.Verdict("environment", "crash"), failures.Verdict("task"), failures.Verdict("success")]
   assert [v.trains for v in verdicts] == [False, True, True]
   assert episodes._bucket(3) == 8 and episodes._bucket(9) == 16 and episodes._bucket(16) == 16
+
+
+def test_environment_failure_rate_alarm():
+  from rl_lm import diagnostics
+
+  cfg = diagnostics.AlarmConfig(env_failure_max=0.1)
+  assert diagnostics.check_alarms({"episodes/failure_env": 0.05}, cfg) == []
+  (alarm,) = diagnostics.check_alarms({"episodes/failure_env": 0.25}, cfg)
+  assert alarm.startswith("ALARM episodes/failure_env=0.25 > 0.1")
+
+
+@pytest.mark.slow
+def test_ppo_over_episodes_values_skip_observations(tmp_path):
+  """PPO/GAE over an episode's token sequence: advantages and returns live on the sampled tokens only."""
+  config = agent_config()
+  config.rl.algorithm = "ppo"
+  config.rl.kl.placement = "reward"
+  trainer = trainer_for(config, tmp_path)
+  try:
+    rec = record(trainer)
+  finally:
+    trainer.agent.close()
+  obs = np.asarray(rec.batch.rollout.prompt_mask)
+  comp = np.asarray(rec.batch.rollout.completion_mask)
+  assert (rec.data["advantages"][obs] == 0).all() and (rec.data["returns"][obs] == 0).all()
+  assert np.abs(rec.data["returns"][comp & rec.batch.valid[:, None]]).sum() > 0
+  assert np.isfinite(rec.metrics["train/loss"])

@@ -171,3 +171,16 @@ def test_failure_verdicts():
   assert t.verdict() == failures.Verdict("model", "repetition loop")
   assert failures.periodic_tail([1, 2, 1, 2, 1, 2, 1, 2]) and not failures.periodic_tail([1, 2, 3, 4, 5, 6, 7, 8])
   assert failures.precision_recall([True, True, False], [True, False, False]) == (0.5, 1.0)
+
+
+def test_chat_template_frames_the_turns_as_one_rendered_conversation(smollm2_folder):
+  """The prompt, the policy's reply and its end-of-turn token, then the observation as `encode_reply` frames it:
+  the tokens of the whole conversation as the checkpoint's template renders it, so nothing is re-tokenised."""
+  tok = tokenizer.HFTokenizer(smollm2_folder, chat=True)
+  framing = episodes.Framing(tok)
+  reply, observation = "[calc(347*862)]", "299114"
+  ids = framing.first("347*862=") + tok.encode(reply) + [tok.stop_ids[-1]] + framing.next(observation)
+  text = tok.chat.render([{"role": "user", "content": "347*862="}, {"role": "assistant", "content": reply},
+                          {"role": "user", "content": observation}], add_generation_prompt=True)
+  assert ids == tok.encode(text)
+  assert tokenizer.CharTokenizer().encode_prompt("1+1=") == episodes.Framing(tokenizer.CharTokenizer()).first("1+1=")

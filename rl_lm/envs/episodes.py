@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -189,6 +190,9 @@ class EpisodeBatch:
   injected: np.ndarray  # [B] bool: an injected crash or hang reached the episode (or its worker)
 
 
+_EPISODE_IDS = itertools.count()
+
+
 def _bucket(n: int) -> int:
   """Observation chunks are padded to a power of two (at least 8): a handful of compiled turn shapes."""
   return max(8, 1 << max(0, int(n - 1).bit_length()))
@@ -199,7 +203,8 @@ class EpisodeRunner:
 
   `envs`: an object with `reset([(id, problem, seed)]) -> [Outcome]`, `step([(id, action, fault)]) -> [Outcome]`
   and `close_episodes(ids)` (rl_lm/envs/workers.py `EnvPool`, or `LocalEnvs` in this process).
-  `faults(ids, turn) -> [fault label]` injects faults (config.env.faults); None: none.
+  `faults(rows, turn) -> [fault label]` injects faults into the steps of those rows of the batch at that turn
+  (config.env.faults); None: none.
   """
 
   def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, tok: Any, envs: Any, limits: EpisodeLimits,
@@ -211,7 +216,6 @@ class EpisodeRunner:
     self._turn = make_turn_fn(model_cfg, scfg, mesh, rules)
     self._init = jax.jit(functools.partial(init_state, model_cfg, scfg, rows, limits.max_tokens))
     self._rollout = jax.jit(to_rollout)
-    self._next_id = 0
 
   def _put(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:
@@ -223,8 +227,7 @@ class EpisodeRunner:
     B, S, lim = self.rows, self.limits.max_tokens, self.limits
     if len(problems) != B:
       raise ValueError(f"EpisodeRunner.run takes exactly {B} problems, got {len(problems)}")
-    ids = list(range(self._next_id, self._next_id + B))
-    self._next_id += B
+    ids = [next(_EPISODE_IDS) for _ in range(B)]  # unique in the process: runners may share one pool
     tracker = [failures.Tracker() for _ in range(B)]
     returns = np.zeros((B,), np.float32)
     success = np.zeros((B,), bool)
@@ -285,7 +288,7 @@ class EpisodeRunner:
         tracker[b].model("repetition loop")
         pending[b] = None
       actions = [b for b in actions if b not in loop]
-      faults = self.faults([ids[b] for b in actions], turn) if self.faults else [""] * len(actions)
+      faults = self.faults(actions, turn) if self.faults else [""] * len(actions)
       outcomes = self.envs.step([(ids[b], said[b], f) for b, f in zip(actions, faults, strict=True)])
       for b, fault, out in zip(actions, faults, outcomes, strict=True):
         # The ground truth for measuring the classifier: an injected crash or hang reached this episode, directly

@@ -1,5 +1,6 @@
 """A maths problem with a Python interpreter: the policy may run programs (in the code sandbox) before answering.
 
+The first observation is the problem's prompt and one line that says how to call the tool (`INSTRUCTION`).
 Each policy turn is either a call `[python(program)]` (rl_lm/envs/tools.py's grammar), answered with the
 program's standard output (or its error) in the code sandbox, or the final answer, checked by the maths verifier
 (rl_lm/rewards/maths.py: the answer extraction that refuses hedged and negated answers): reward 1 or 0, and the
@@ -16,6 +17,8 @@ from rl_lm.rewards import maths
 from rl_lm.tasks.base import Problem
 
 _TOOL: tools.PythonTool | None = None  # one sandbox per process (a worker serves many episodes)
+INSTRUCTION = ("You can run Python: reply with only [python(your code)] and you will see what it prints. "
+               "When you know the answer, reply with it.")
 
 
 @base.register("python_tool")
@@ -25,7 +28,7 @@ class PythonToolEnv(base.Environment):
   def reset(self, problem: Problem, rng: np.random.Generator) -> str:
     del rng
     self.problem = problem
-    return problem.prompt
+    return f"{problem.prompt}\n{INSTRUCTION}"
 
   def step(self, action: str) -> base.Step:
     global _TOOL

@@ -39,16 +39,18 @@ def correct(problem: Any, transcript: Transcript) -> bool | None:
 
 
 class FaultPlan:
-  """Which step of which episode gets an injected fault: a fixed draw per (seed, episode id, turn)."""
+  """Which environment step gets an injected fault: a fixed draw per (seed, batch, row, turn), so a resumed run
+  injects what the uninterrupted one did. `batch` (the training step and its rollout number) is set per batch."""
 
   def __init__(self, faults: Any, seed: int):
     self.rates = (faults.crash, faults.hang, faults.slow)
     self.seed = seed
+    self.batch = (0, 0)
 
-  def __call__(self, ids: Sequence[int], turn: int) -> list[str]:
+  def __call__(self, rows: Sequence[int], turn: int) -> list[str]:
     out = []
-    for eid in ids:
-      u = np.random.default_rng([self.seed, eid, turn, 7]).random()
+    for row in rows:
+      u = np.random.default_rng([self.seed, *self.batch, row, turn, 7]).random()
       edges = np.cumsum(self.rates)
       out.append(next((name for name, e in zip(("crash", "hang", "slow"), edges, strict=True) if u < e), ""))
     return out
@@ -94,6 +96,7 @@ class Agent:
   def episodes(self, params: Any, rows: list[Problem], rng: jax.Array, step: int, k: int = 0
                ) -> tuple[episodes.EpisodeBatch, dict[str, Any]]:
     """One batch of training episodes (row b: `rows[b]`), and the fields of the loop's `Episodes` from it."""
+    self.faults.batch = (step, k)
     batch = self.train.run(params, rows, rng, self._seeds(step, k, len(rows)))
     fields = dict(
       host={k: batch.host[k] for k in ("tokens", "lengths", "finished")}, texts=batch.transcripts,
