@@ -184,3 +184,17 @@ def test_chat_template_frames_the_turns_as_one_rendered_conversation(smollm2_fol
                           {"role": "user", "content": observation}], add_generation_prompt=True)
   assert ids == tok.encode(text)
   assert tokenizer.CharTokenizer().encode_prompt("1+1=") == episodes.Framing(tokenizer.CharTokenizer()).first("1+1=")
+
+
+def test_sft_on_an_episode_demonstration_trains_the_policy_turns_only():
+  """A multi-turn demonstration is encoded in the episode's own layout: prompt and observations masked, each
+  policy turn and its stop token trained."""
+  from rl_lm.train import sft
+
+  out = sft.encode_episodes(TOK, [("7*8=", [("policy", "[calc(7*8)]"), ("env", "56\n"), ("policy", "56")])], 40)
+  ids = TOK.encode_prompt("7*8=") + TOK.encode("[calc(7*8)]") + [TOK.eos_id] + TOK.encode("56\n") + \
+    TOK.encode("56") + [TOK.eos_id]
+  n = len(ids)
+  assert out["tokens"][0, :n].tolist() == ids and out["mask"][0].sum() == n
+  trained = [False] * 5 + [True] * 12 + [False] * 3 + [True] * 3
+  assert out["loss_mask"][0, :n].tolist() == trained and not out["loss_mask"][0, n:].any()

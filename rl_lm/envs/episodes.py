@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -188,6 +189,7 @@ class EpisodeBatch:
   tool_calls: np.ndarray  # [B] int32
   transcripts: list[str]  # each episode as text, turns marked, for reading
   injected: np.ndarray  # [B] bool: an injected crash or hang reached the episode (or its worker)
+  seconds: dict[str, float]  # wall time: "policy" (the turns on device, tokens to the host), "env" (resets, steps)
 
 
 _EPISODE_IDS = itertools.count()
@@ -235,7 +237,11 @@ class EpisodeRunner:
     calls = np.zeros((B,), np.int32)
     transcripts = [""] * B
     pending: list[list[int] | None] = [None] * B  # the observation tokens each live row reads next
-    for b, out in enumerate(self.envs.reset([(ids[b], problems[b], int(seeds[b])) for b in range(B)])):
+    clock = {"policy": 0.0, "env": 0.0}
+    start = time.perf_counter()
+    resets = self.envs.reset([(ids[b], problems[b], int(seeds[b])) for b in range(B)])
+    clock["env"] += time.perf_counter() - start
+    for b, out in enumerate(resets):
       if not out.ok:
         tracker[b].environment(f"reset: {out.failure}: {out.detail}"[:200])
         continue
@@ -264,9 +270,11 @@ class EpisodeRunner:
         obs[b, : len(ids_b)] = ids_b
         obs_len[b] = len(ids_b)
         budget[b] = min(lim.turn_tokens, room)
+      start = time.perf_counter()
       state, stopped = self._turn(params, state, self._put(obs), self._put(obs_len), self._put(budget),
                                   jax.random.fold_in(rng, turn), stop_dev)
       new_fill, stopped, tokens = mesh_lib.fetch((state.fill, stopped, state.tokens))
+      clock["policy"] += time.perf_counter() - start
       host_tokens = tokens
       acted = [b for b in range(B) if budget[b] > 0]
       actions, said = [], {}
@@ -289,7 +297,9 @@ class EpisodeRunner:
         pending[b] = None
       actions = [b for b in actions if b not in loop]
       faults = self.faults(actions, turn) if self.faults else [""] * len(actions)
+      start = time.perf_counter()
       outcomes = self.envs.step([(ids[b], said[b], f) for b, f in zip(actions, faults, strict=True)])
+      clock["env"] += time.perf_counter() - start
       for b, fault, out in zip(actions, faults, outcomes, strict=True):
         # The ground truth for measuring the classifier: an injected crash or hang reached this episode, directly
         # or by taking down the worker that held it (a replaced worker's episodes are lost with it; with faults
@@ -322,7 +332,8 @@ class EpisodeRunner:
     host = {"tokens": host_tokens, "lengths": np.asarray(mesh_lib.fetch(rollout.lengths)), "finished": finished,
             "fill": fill}
     injected = np.asarray([t.injected for t in tracker], bool)
-    return EpisodeBatch(rollout, host, returns, success & finished, verdicts, turns, calls, transcripts, injected)
+    return EpisodeBatch(rollout, host, returns, success & finished, verdicts, turns, calls, transcripts, injected,
+                        clock)
 
 
 class LocalEnvs:

@@ -66,7 +66,7 @@ class ProductsTask:
         out.append(p)
     return out
 
-  def demonstration(self, problem: Problem) -> list[tuple[str, str]]:
+  def episode_demonstration(self, problem: Problem) -> list[tuple[str, str]]:
     """One demonstration's turns: ("policy", text) and ("env", observation) in order (drawn afresh per call)."""
     if self._demo_rng.random() < self.tool_demos:
       return [("policy", f"[calc({problem.metadata['expression']})]"), ("env", f"{problem.answer}\n"),

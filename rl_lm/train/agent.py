@@ -117,6 +117,8 @@ class Agent:
     out["episodes/turns_mean"] = float(np.mean(np.concatenate([b.turns for b in batches])))
     out["episodes/tool_calls_mean"] = float(np.mean(calls))
     out["episodes/tool_call_rate"] = float(np.mean(calls > 0))
+    out["perf/policy_turns_s"] = sum(b.seconds["policy"] for b in batches)  # sampling the turns on device
+    out["perf/env_s"] = sum(b.seconds["env"] for b in batches)  # resets and steps of the environments
     if self.faults.active:
       injected = np.concatenate([b.injected for b in batches]).tolist()
       flagged = [v.outcome == "environment" for v in verdicts]

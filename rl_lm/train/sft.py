@@ -4,7 +4,7 @@ Works from any task that yields (prompt, target) pairs: `Problem.prompt` and
 `task.reference_completion(problem)`. Sequences are `[bos] prompt target [eos]`, right-padded to
 `config.sft.max_len`; the loss counts the target and eos tokens.
 
-A task with multi-turn demonstrations (`task.demonstration(problem)`: ("policy", text) and ("env", observation)
+A task with multi-turn demonstrations (`task.episode_demonstration(problem)`: ("policy", text) and ("env", observation)
 turns) trains on the token layout of an episode (rl_lm/envs/episodes.py): the prompt, each policy turn and its
 stop token (trained), each observation framed as the rollout frames it (`episodes.Framing`, not trained).
 """
@@ -86,8 +86,8 @@ def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: 
       yield from task.train_problems(None, seed=seed + epoch)
 
   stream = problems()
-  multi_turn = hasattr(task, "demonstration")
-  demo = task.demonstration if multi_turn else task.reference_completion
+  multi_turn = hasattr(task, "episode_demonstration")
+  demo = task.episode_demonstration if multi_turn else task.reference_completion
   for _ in range(start * batch_size):  # replayed, not skipped: a task's demonstrations may draw from its own RNG
     demo(next(stream))
   encode = encode_episodes if multi_turn else encode_examples
