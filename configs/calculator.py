@@ -27,7 +27,7 @@ from rl_lm.config import base_config
 
 # About 10% of episodes lost to environment faults: a crash or hang takes down the episodes its worker holds (8 of
 # the 128 with 16 workers), so the per-step rates are small; slow steps (1 s, answered) cost time, not episodes.
-FAULTS = {"env.workers": 16, "env.step_timeout_s": 2.0, "env.faults.crash": 0.004, "env.faults.hang": 0.002,
+FAULTS = {"env.workers": 16, "env.step_timeout_s": 2.0, "env.faults.crash": 0.006, "env.faults.hang": 0.003,
           "env.faults.slow": 0.04}
 
 
