@@ -182,3 +182,19 @@ def test_ppo_over_episodes_values_skip_observations(tmp_path):
   assert (rec.data["advantages"][obs] == 0).all() and (rec.data["returns"][obs] == 0).all()
   assert np.abs(rec.data["returns"][comp & rec.batch.valid[:, None]]).sum() > 0
   assert np.isfinite(rec.metrics["train/loss"])
+
+
+def test_python_tool_episode_runs_the_program_in_the_sandbox_and_verifies_the_answer():
+  from rl_lm.envs.python_tool import INSTRUCTION, PythonToolEnv
+  from rl_lm.tasks.base import Problem
+
+  env = PythonToolEnv()
+  problem = Problem(id="q", prompt="What is 6 times 7?", answer="42")
+  assert env.reset(problem, np.random.default_rng(0)) == f"What is 6 times 7?\n{INSTRUCTION}"
+  step = env.step("[python(print(6 * 7))]")
+  assert step.observation == "42\n" and not step.done and step.info["tool_calls"] == 1
+  step = env.step("[python(print(1/0))]")
+  assert "ZeroDivisionError" in step.observation and step.info["tool_error"] and not step.done
+  assert env.step("The answer is 42.").reward == 1.0
+  env.reset(problem, np.random.default_rng(0))
+  assert env.step("The answer is not 42.").reward == 0.0  # a negated answer earns nothing
