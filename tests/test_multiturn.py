@@ -198,3 +198,26 @@ def test_sft_on_an_episode_demonstration_trains_the_policy_turns_only():
   assert out["tokens"][0, :n].tolist() == ids and out["mask"][0].sum() == n
   trained = [False] * 5 + [True] * 12 + [False] * 3 + [True] * 3
   assert out["loss_mask"][0, :n].tolist() == trained and not out["loss_mask"][0, n:].any()
+
+
+def test_per_row_chunked_prefill_equals_the_full_forward():
+  """forward_cached with a per-row index and T > 1: two rows at different offsets append chunks of different real
+  lengths; the logits at each row's `take` position equal the full forward's at that slot."""
+  params = transformer.init(CFG, jax.random.key(5))
+  tokens = jax.random.randint(jax.random.key(6), (2, 12), 3, 90)
+  first = jnp.asarray([3, 5])  # row b's first chunk: slots [0, first[b])
+  cache = transformer.init_cache(CFG, 2, 16)
+  slots = jnp.arange(16)[None, :]
+  pos = jnp.arange(8)[None, :].repeat(2, 0)
+  _, cache = transformer.forward_cached(CFG, params, tokens[:, :8], pos, cache, jnp.zeros((2,), jnp.int32),
+                                        slots < first[:, None], take=first - 1)
+  n = jnp.asarray([4, 2])  # second chunk: slots [first, first + n)
+  rest = [tokens[b, int(first[b]): int(first[b]) + 8] for b in range(2)]  # the real tokens, then padding
+  chunk = jnp.stack([jnp.pad(r, (0, 8 - r.shape[0])) for r in rest])
+  at = first[:, None] + jnp.arange(8)[None, :]
+  logits, _ = transformer.forward_cached(CFG, params, chunk, at, cache, first, slots < (first + n)[:, None],
+                                         take=n - 1)
+  end = first + n
+  full = transformer.forward(CFG, params, tokens, jnp.arange(12)[None, :] < end[:, None])
+  for b in range(2):
+    np.testing.assert_allclose(np.asarray(logits[b, 0]), np.asarray(full[b, int(end[b]) - 1]), atol=2e-5)
