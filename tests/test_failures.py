@@ -24,6 +24,8 @@ from rl_lm.train import rl, sft
 from rl_lm.train.context import make_context
 from rl_lm.train.stage_run import COMPLETE, NonFiniteError, StageRun
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # the trainers share executables
+
 
 def _config(**overrides):
   config = default.get_config("smoke")

@@ -113,7 +113,8 @@ def test_rl_with_lora_trains_only_the_adapters_and_learns(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_of_a_merged_smollm2_policy_loads_in_transformers_and_decodes_the_same(smollm2_folder, tmp_path):
+def test_export_of_a_merged_smollm2_policy_loads_in_transformers_and_decodes_the_same(smollm2_folder, tmp_path,
+                                                                                      request):
   """A LoRA-trained SmolLM2 (random adapters), merged and exported: transformers' greedy decoding equals ours,
   token for token, on 8 chat prompts."""
   import torch
@@ -140,6 +141,11 @@ def test_export_of_a_merged_smollm2_policy_loads_in_transformers_and_decodes_the
   ours = np.asarray(out.tokens[:, prompts.shape[1]:])
   model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
   theirs_tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+  # One torch thread: beside another busy process (pytest -n 2 on 2 cores) torch's OpenMP threads wait on
+  # each other at every op, and the 96 decode steps below took 150 s instead of 6 s.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  request.addfinalizer(lambda: torch.set_num_threads(threads))
   for i, q in enumerate(questions):
     want = theirs_tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
     want = want["input_ids"] if hasattr(want, "keys") else want

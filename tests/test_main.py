@@ -27,7 +27,7 @@ def test_sample_smoke_runs(tmp_path):
   assert all(0 < r["length"] <= 8 and r["sum_logprob"] < 0 for r in records)
 
 
-def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path):
+def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path, jax_cache_env):
   """SFT then RL through the entry point with TensorBoard on and W&B offline: both logs hold every stage's
   metrics, equal to metrics.jsonl / sft_metrics.jsonl. TensorBoard is read back by its own loader; W&B is the
   recording fake tests/fake_wandb.py, copied as `wandb.py` to a folder first on PYTHONPATH, which writes every
@@ -38,7 +38,7 @@ def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path):
   fake_dir.mkdir()
   shutil.copy(FAKE_WANDB, fake_dir / "wandb.py")
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake_dir), str(ROOT)]),
-             RL_LM_FAKE_WANDB_LOG=str(calls_file))
+             RL_LM_FAKE_WANDB_LOG=str(calls_file), **jax_cache_env)  # the session's compilation cache (conftest)
   run = subprocess.run(
     [sys.executable, "-m", "rl_lm.main", "--config=configs/default.py:smoke", f"--workdir={tmp_path}",
      "--config.sft.steps=4", "--config.sft.log_every=2", "--config.rl.steps=2", "--config.logging.tensorboard=True",

@@ -24,6 +24,8 @@ from rl_lm.train import pairs as pairs_lib
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import make_context
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # the in-process tests share executables
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -107,16 +109,18 @@ def test_step_indices_cover_each_epoch_once_and_are_reproducible():
   assert not np.array_equal(pairs_lib.step_indices(10, 3, 0, seed=0), pairs_lib.step_indices(10, 3, 3, seed=0))
 
 
-def _main(config: str, workdir: Path) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _main(config: str, workdir: Path, cache: dict[str, str]) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **cache)
   return subprocess.run([sys.executable, "-m", "rl_lm.main", f"--config={config}", f"--workdir={workdir}",
                          "--config.logging.wandb_mode=disabled"], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=600)
 
 
 @pytest.mark.slow
-def test_rlhf_and_dpo_stages_end_to_end(tmp_path):
-  run = _main("configs/rlhf_ppo.py:smoke", tmp_path / "rlhf")
+def test_rlhf_and_dpo_stages_end_to_end(tmp_path, jax_cache_env):
+  """The two runs share the session's compilation cache (tests/conftest.py): the SFT stage they have in common
+  compiles once."""
+  run = _main("configs/rlhf_ppo.py:smoke", tmp_path / "rlhf", jax_cache_env)
   assert run.returncode == 0, run.stderr[-3000:]
   summary = json.loads((tmp_path / "rlhf" / "reward_model_summary.json").read_text())
   assert 0.0 <= summary["after"]["rm_eval/accuracy"] <= 1.0 and "rm_eval/gold_accuracy" in summary["after"]
@@ -131,7 +135,7 @@ def test_rlhf_and_dpo_stages_end_to_end(tmp_path):
   loaded = reward_model.load(ctx, str(tmp_path / "rlhf" / "checkpoints" / "reward_model"))
   assert loaded.offset == pytest.approx(summary["reward_offset"])
 
-  run = _main("configs/dpo.py:smoke", tmp_path / "dpo")
+  run = _main("configs/dpo.py:smoke", tmp_path / "dpo", jax_cache_env)
   assert run.returncode == 0, run.stderr[-3000:]
   dpo_summary = json.loads((tmp_path / "dpo" / "dpo_summary.json").read_text())
   assert 0.0 <= dpo_summary["eval"]["dpo_eval/gold_win_rate"] <= 1.0
@@ -139,9 +143,10 @@ def test_rlhf_and_dpo_stages_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_overoptimization_experiment_runs_end_to_end(tmp_path):
-  """The experiment's one command, shrunk: base stages, best-of-n, one PPO run, the table, JSON and plot."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+def test_overoptimization_experiment_runs_end_to_end(tmp_path, jax_cache_env):
+  """The experiment's one command, shrunk: base stages, best-of-n, one PPO run, the table, JSON and plot. Its
+  runs follow one another and share the session's compilation cache (tests/conftest.py)."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **jax_cache_env)
   run = subprocess.run([sys.executable, "-m", "experiments.overoptimization.run", f"--workdir={tmp_path}",
                         "--variant=smoke", "--coefs=0.05", "--rl_steps=2", "--window=1", "--prompts=8", "--max_n=4"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -9,6 +9,8 @@ import pytest
 from rl_lm.models import presets, scoring, transformer
 from rl_lm.rl import losses
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # repeated programs load, not compile
+
 
 def _batch(cfg, B=3, T=11, seed=0):
   rng = np.random.default_rng(seed)

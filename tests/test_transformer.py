@@ -8,6 +8,8 @@ import pytest
 
 from rl_lm.models import heads, presets, transformer
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # repeated programs load, not compile
+
 CFG = presets.get("test")
 
 
