@@ -18,20 +18,18 @@ Masks used:
     since they describe the policy and the numerics rather than the reward.
 
 `perf_metrics` turns phase timings into throughput; `check_alarms` turns a metrics dict into
-human-readable alarm lines ("ALARM policy/entropy=0.012 < 0.05: entropy collapsed").
+human-readable alarm lines ("ALARM policy/entropy=0.012 < 0.05: entropy collapsed"; rules in rl_lm.health).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rl_lm.config import AlarmConfig  # the thresholds, with their defaults and checks
 from rl_lm.rl import advantages, kl, masked
@@ -195,63 +193,12 @@ def timed(timings: dict[str, float], name: str, clock: Callable[[], float] = tim
 # ---------------------------------------------------------------------------------------------- alarms
 
 
-# (metric key, AlarmConfig field, "<" alarms when value < threshold / ">" when value > threshold, meaning)
-_RULES = (
-  ("policy/entropy", "entropy_min", "<", "entropy collapsed"),
-  ("policy/kl_ref_k3", "kl_max", ">", "policy drifted far from the reference"),
-  ("offpolicy/logprob_gap_mean_abs", "logprob_gap_max", ">", "sampler and trainer log-probs disagree"),
-  ("offpolicy/sampler_trainer_kl", "sampler_trainer_kl_max", ">", "sampler and trainer distributions disagree"),
-  ("groups/zero_variance_frac", "zero_variance_max", ">", "most groups carry no learning signal"),
-  ("rollout/invalid_frac", "invalid_frac_max", ">", "too many verifier errors"),
-  ("rollout/truncation_rate", "truncation_max", ">", "completions keep hitting max_new_tokens"),
-  ("offpolicy/is_weight_max", "is_weight_max", ">", "importance weights exploded"),
-  ("episodes/failure_env", "env_failure_max", ">", "environments keep failing (masked episodes, not the policy)"),
-)
-
-
-# Sampler/trainer agreement: meaningful when both score the same parameters (no row sampled ahead).
-_NUMERICS = ("offpolicy/logprob_gap_mean_abs", "offpolicy/sampler_trainer_kl")
-
-
-def _scalar(v: Any) -> float | None:
-  """A float from a Python / numpy / jax scalar; None for anything else (strings, arrays of size > 1)."""
-  if isinstance(v, bool | int | float | np.number):
-    return float(v)
-  try:
-    a = np.asarray(v)
-  except Exception:  # noqa: BLE001
-    return None
-  if a.size != 1 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-    return None
-  return float(a.reshape(()))
-
-
 def check_alarms(metrics: Mapping[str, Any], cfg: AlarmConfig | None = None) -> list[str]:
-  """Human-readable alarm lines for the metrics that crossed their thresholds (empty when healthy).
+  """The alarm lines of one step's metrics, without patience: `rl_lm.health.check` (the rules live there; the
+  RL loop uses `rl_lm.health.Monitor`, which also keeps notes and waits `patience` steps)."""
+  from rl_lm import health
 
-  Each names the metric, its value and the threshold: "ALARM policy/entropy=0.012 < 0.05: entropy collapsed".
-  Missing metrics are skipped; a non-finite value gives "ALARM <key>=nan: non-finite value" instead. A threshold
-  turns its alarm off at 0 (a minimum), 1 (a maximum fraction) or inf (another maximum). The sampler/trainer
-  agreement alarms are off for a batch with rows sampled ahead (`offpolicy/staleness_max` > 0): there the gap is
-  the policy's change over those updates, which the importance weights correct, not a numerical disagreement.
-  """
-  cfg = cfg or AlarmConfig()
-  alarms = []
-  if cfg.check_finite:
-    for key in sorted(metrics):
-      v = _scalar(metrics[key])
-      if v is not None and not math.isfinite(v):
-        alarms.append(f"ALARM {key}={v}: non-finite value")
-  stale = (_scalar(metrics.get("offpolicy/staleness_max")) or 0.0) > 0
-  for key, field, op, meaning in _RULES:
-    v, threshold = _scalar(metrics.get(key)), getattr(cfg, field)
-    if v is None or not math.isfinite(v):  # missing, or reported above
-      continue
-    if stale and key in _NUMERICS:  # rows sampled updates ago: the gap is the policy's own change, by design
-      continue
-    if (op == "<" and v < threshold) or (op == ">" and v > threshold):
-      alarms.append(f"ALARM {key}={v:.4g} {op} {threshold:g}: {meaning}")
-  return alarms
+  return health.check(metrics, cfg)
 
 
 __all__ = ["AlarmConfig", "check_alarms", "perf_metrics", "rollout_metrics", "timed"]

@@ -47,6 +47,10 @@ def test_a_run_writes_tensorboard_and_wandb_offline_that_read_back(tmp_path, jax
   )
   assert run.returncode == 0, run.stderr[-2000:]
   assert "W&B did not start" not in run.stderr
+  # The run-health summary: in the console and in rl_summary.json (what fired, when, what it usually means).
+  assert "run health: " in run.stdout
+  health = json.loads((tmp_path / "rl_summary.json").read_text())["health"]
+  assert set(health) == {"alarms", "notes", "patience"} and health["patience"] == 3
   # The final policy, exported as a Hugging Face folder, loads back to the same parameters.
   from rl_lm.models import hf
 

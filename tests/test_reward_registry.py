@@ -105,3 +105,13 @@ def test_a_task_without_verifier_is_an_error_not_a_zero():
   assert results[0].status == "error" and not results[0].valid
   assert "known tasks" in results[0].info["components"]["correctness"]["error"]
   assert results[1].score == 1.0
+
+
+def test_length_reward_counts_characters_and_composes_as_a_penalty_or_as_the_bug():
+  (problem,) = ArithmeticTask(levels=(1,)).test_problems(1, seed=0)
+  answer = problem.answer
+  assert make_reward("length")(problem, answer + "\n").score == len(answer) + 1
+  penalised = build_reward({"correctness": 1.0, "length": -0.01})
+  assert penalised(problem, answer).score == pytest.approx(1.0 - 0.01 * len(answer))
+  buggy = build_reward({"correctness": 1.0, "length": 1.0})  # experiments/alarms/length_bug.py
+  assert buggy(problem, "x" * 12).score == 12.0 > buggy(problem, answer).score  # rambling outscores the answer

@@ -76,19 +76,25 @@ class CurriculumConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class AlarmConfig(Section):
-  """Thresholds of the run-health alarms in the log (rl_lm.diagnostics.check_alarms)."""
+  """Thresholds of the run-health alarms and notes in the log (rl_lm.health). Defaults calibrated on the labelled
+  run set of experiments/alarms (no alarm on its 9 healthy runs, every induced failure flagged)."""
 
   KEY = "rl.alarms"
-  entropy_min: float = knob(0.02, "[0, inf)")  # policy/entropy (nats per token) below: entropy collapsed; 0: off
-  kl_max: float = knob(1.0, "(0, inf]")  # policy/kl_ref_k3 above: drifted far from the reference; inf: off
-  logprob_gap_max: float = knob(0.1, "(0, inf]")  # offpolicy/logprob_gap_mean_abs above: sampler and trainer disagree
+  patience: int = knob(3, "(0, inf)")  # consecutive logged steps a condition must hold before it is reported
+  entropy_min: float = knob(0.03, "[0, inf)")  # policy/entropy (nats per token) below: entropy collapsed; 0: off
+  kl_max: float = knob(0.5, "(0, inf]")  # policy/kl_ref_k1 (nats per token) above: drifted from the reference
+  grad_norm_max: float = knob(50.0, "(0, inf]")  # train/grad_norm (before clipping) above, one step: blew up
+  logprob_gap_max: float = knob(1e-3, "(0, inf]")  # offpolicy/logprob_gap_mean_abs above: sampler and trainer
+  #                                                  disagree (an alarm without IS weights, a note with them)
   sampler_trainer_kl_max: float = knob(math.inf, "(0, inf]")  # offpolicy/sampler_trainer_kl above; inf: off
-  zero_variance_max: float = knob(0.8, "[0, 1]")  # groups/zero_variance_frac above: most groups carry no signal
+  reward_std_min: float = knob(1e-6, "[0, inf)")  # rollout/reward_std at or below, batch not all solved: every
+  #                                                 reward the same (a broken verifier); 0: off
+  zero_variance_max: float = knob(0.8, "[0, 1]")  # groups/zero_variance_frac above: a note (solved or too hard)
   invalid_frac_max: float = knob(0.1, "[0, 1]")  # rollout/invalid_frac above: too many verifier errors
-  truncation_max: float = knob(1.0, "[0, 1]")  # rollout/truncation_rate above: completions hit max_new_tokens
+  truncation_max: float = knob(0.2, "[0, 1]")  # rollout/truncation_rate above: completions hit max_new_tokens
   is_weight_max: float = knob(math.inf, "(0, inf]")  # offpolicy/is_weight_max above; inf: off
   env_failure_max: float = knob(0.1, "[0, 1]")  # episodes/failure_env above: environments keep failing (config.env)
-  check_finite: bool = True  # any NaN or inf metric raises an alarm
+  check_finite: bool = True  # any NaN or inf metric raises an alarm (at once, no patience)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """Verifiable rewards: reward functions by name, a maths verifier, a code sandbox, format checks.
 
 Importing the package registers the built-in rewards ("correctness", "arithmetic", "maths", "code",
-"format", "preference_gold", "preference_correct"); see `rl_lm.rewards.registry` for the interface and
+"format", "length", "preference_gold", "preference_correct"); see `rl_lm.rewards.registry` for the interface and
 `score_batch` for batch scoring.
 """
 
 from __future__ import annotations
 
-from rl_lm.rewards import code, format, maths, preference_gold  # noqa: F401 - registers the built-in rewards
+from rl_lm.rewards import code, format, length, maths, preference_gold  # noqa: F401 - registers the built-ins
 from rl_lm.rewards.registry import (
   VERIFIER_FAULTS,
   CompositeReward,

@@ -16,7 +16,7 @@ builds one and `build_reward({"correctness": 1.0, "format": 0.1}, options)` buil
 symbolic maths path in its worker processes.
 
 Built-in names: "correctness" (dispatches on `problem.task` to "arithmetic", "maths" or "code"),
-"arithmetic", "maths", "code", "format".
+"arithmetic", "maths", "code", "format", "length".
 """
 
 from __future__ import annotations

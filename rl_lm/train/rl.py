@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm import diagnostics, evaluation, sampling
+from rl_lm import diagnostics, evaluation, health, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm import metrics as metrics_lib
 from rl_lm.models import heads
@@ -159,7 +159,7 @@ class RLTrainer:
     self.agent = agent_lib.Agent(config, ctx.model_cfg, scfg, tok, ctx.mesh, ctx.rules, self.B, self.log
                                  ) if config.env.name else None  # multi-turn episodes
     self._episode_batches: list[Any] = []  # the step's episodes (for episodes/* metrics)
-    self.alarm_cfg = diagnostics.AlarmConfig.from_section(rl.alarms)
+    self.health = health.Monitor(diagnostics.AlarmConfig.from_section(rl.alarms))
     self._skips = stage_run.SkipCounter(config.stop_after_nonfinite, "rl")
     self._inflight: collections.deque[Pending] = collections.deque()  # rollouts sampled ahead (rl.max_staleness)
     self._version = 0  # updates applied to the policy
@@ -466,7 +466,7 @@ class RLTrainer:
 
   def _save(self, step: int, before: evaluation.EvalResult, curves: dict[str, dict[int, float]]) -> None:
     cur = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.curriculum.state_dict().items()}
-    extra = {"curriculum": cur, "before": before.to_dict(),
+    extra = {"curriculum": cur, "before": before.to_dict(), "health": self.health.state_dict(),
              "curves": {label: {str(k): v for k, v in c.items()} for label, c in curves.items()}}
     self._stage.save(step, self._checkpoint_items(), extra)
 
@@ -495,6 +495,7 @@ class RLTrainer:
     main = stage_run.is_main_process()
     if stage.start_step:  # the curriculum, the pre-RL evaluation and the pass@k curves so far
       self.curriculum.load_state_dict(extra["curriculum"])
+      self.health.load_state_dict(extra.get("health", {}))
       before = evaluation.EvalResult.from_dict(extra["before"])
       curves = {label: {int(k): v for k, v in c.items()} for label, c in extra["curves"].items()}
     else:
@@ -515,16 +516,18 @@ class RLTrainer:
       writer.write(step, metrics)
       if main:
         progress.update(step, metrics)
-        for alarm in diagnostics.check_alarms(metrics, self.alarm_cfg):
-          progress.log(alarm)
+        for line in self.health.update(step, metrics):  # alarms and notes, once a condition held `patience` steps
+          progress.log(line)
       if stage.due(step):
         self._save(step, before, curves)
     after = self.evaluate(rl.steps, "after RL")
     writer.write(rl.steps, after.metrics())
     writer.close()
     curves["after RL"] = after.pass_at_k
-    summary = {"before": before.to_dict(), "after": after.to_dict()}
+    summary = {"before": before.to_dict(), "after": after.to_dict(), "health": self.health.summary()}
     if main:
+      for line in self.health.summary_lines():
+        self.log(line)
       evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
       metrics_lib.plot_curves(stage.metrics_path, CURVES, os.path.join(workdir, "curves.png"),
                               title=f"{rl.algorithm} on {self.config.task.name}")
