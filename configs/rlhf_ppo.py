@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.kl.placement = "reward"
   config.rl.kl.estimator = "k1"
   config.rl.kl.coef = 0.2  # strong enough that the gold keeps rising (experiments/overoptimization)
-  config.rl.alarms.zero_variance_max = 1.0  # group_size 2 with a continuous reward: the alarm means nothing
+  config.rl.alarms.zero_variance_max = 1.0  # group_size 2 with a continuous reward: the note means nothing
   config.eval.num_samples = 4
   config.eval.every = 20
   if arg == "adaptive":
