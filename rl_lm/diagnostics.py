@@ -82,7 +82,8 @@ def rollout_metrics(
 
   Returns:
     {name: float32 scalar}. Keys: rollout/{reward_mean, reward_std, pass_rate, response_length_mean,
-    response_length_max, truncation_rate, invalid_frac, completion_tokens},
+    response_length_max, response_length_correct, response_length_incorrect (valid episodes solved / not
+    solved; 0 when there are none), truncation_rate, invalid_frac, completion_tokens},
     groups/{zero_variance_frac, solve_all_frac, solve_none_frac}, policy/{kl_ref_k1, kl_ref_k3, kl_ref_seq, entropy},
     offpolicy/{logprob_gap_mean_abs, logprob_gap_max, sampler_trainer_kl, is_weight_mean, is_weight_max},
     value/explained_variance; each only when its inputs were given.
@@ -101,7 +102,11 @@ def rollout_metrics(
   m["rollout/reward_mean"] = masked.masked_mean(scores, valid)
   m["rollout/reward_std"] = jnp.sqrt(masked.masked_var(scores, valid))
   if success is not None:
-    m["rollout/pass_rate"] = masked.masked_mean(_f32(jnp.asarray(success, bool)), valid)
+    solved = jnp.asarray(success, bool)
+    m["rollout/pass_rate"] = masked.masked_mean(_f32(solved), valid)
+    # Length by outcome (Liu et al. 2025: GRPO's length normalisation lengthens the wrong ones); 0 with none.
+    m["rollout/response_length_correct"] = masked.masked_mean(lengths, valid & solved)
+    m["rollout/response_length_incorrect"] = masked.masked_mean(lengths, valid & ~solved)
   m["rollout/response_length_mean"] = jnp.mean(lengths) if b else jnp.float32(0)
   m["rollout/response_length_max"] = jnp.max(lengths, initial=0.0)
   if truncated is None and max_new_tokens is not None:

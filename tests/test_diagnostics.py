@@ -73,6 +73,8 @@ def _expected():
     "rollout/pass_rate": 0.6,
     "rollout/response_length_mean": 10 / 6,
     "rollout/response_length_max": 3.0,
+    "rollout/response_length_correct": 1.0,  # valid and solved: rows 0, 2, 3 (lengths 2, 0, 1)
+    "rollout/response_length_incorrect": 3.0,  # valid and not solved: rows 1, 4 (row 5 is invalid)
     "rollout/truncation_rate": 2 / 6,
     "rollout/invalid_frac": 1 / 6,
     "rollout/completion_tokens": 10.0,
