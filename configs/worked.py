@@ -14,6 +14,10 @@ The RL objective is the original GRPO's: advantages scaled by the group std, eac
 averaged over its own length (`seq-mean-token-mean`). Variant `dr_grpo` is Dr. GRPO: no std scaling, a
 constant normaliser (`seq-mean-token-sum-norm`, the budget of 48 tokens). experiments/length_bias
 compares the two; experiments/pass_at_k uses this config as its second task. Variant `smoke`: seconds.
+
+Status (measured 2026-12-03, seeds 0-2): not yet a working RL setup. SFT reaches held-out pass@1 0.05-0.11, and
+RL at these settings collapses it to 0.00-0.02 under both GRPO and Dr. GRPO (experiments/length_bias/README.md);
+it needs retuning (longer SFT, a lower learning rate, the KL leash) before either experiment can use it.
 """
 
 from __future__ import annotations
