@@ -35,9 +35,22 @@ def _parent(pid: int) -> int | None:
     return None
 
 
+def _looks_sandboxed(pid: int) -> bool:
+  try:
+    uid = os.stat(f"/proc/{pid}").st_uid
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      cmdline = f.read()
+  except OSError:
+    return False
+  return uid >= 1_000_000 or any(m in cmdline for m in _MARKERS)
+
+
 def _sandbox_processes(me: int, helper: int) -> set[int]:
   """Processes of a sandbox on this machine: this test's descendants (but the probe helper), and any
-  orphan that runs under a sandbox uid or the sandbox's programs."""
+  orphan tree (its root adopted by init) that runs under a sandbox uid or the sandbox's programs.
+
+  A sandbox that another test process runs at the same time (the other pytest worker) is not an orphan:
+  its tree's root is that worker's launcher, not a sandbox program."""
   found = set()
   for name in os.listdir("/proc"):
     if not name.isdigit() or int(name) in (me, helper):
@@ -47,16 +60,12 @@ def _sandbox_processes(me: int, helper: int) -> set[int]:
     while parent not in (None, 0, 1, me) and len(chain) < 64:
       chain.append(parent)
       parent = _parent(parent)
-    if parent == me and helper not in chain:
-      found.add(pid)
+    if parent == me:
+      if helper not in chain:
+        found.add(pid)
       continue
-    try:
-      uid = os.stat(f"/proc/{pid}").st_uid
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmdline = f.read()
-    except OSError:
-      continue
-    if parent in (0, 1, None) and (uid >= 1_000_000 or any(m in cmdline for m in _MARKERS)):
+    root = chain[-1] if chain else pid  # the ancestor that init adopted (or started)
+    if parent in (0, 1, None) and _looks_sandboxed(root):
       found.add(pid)
   return found
 
