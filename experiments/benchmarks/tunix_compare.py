@@ -10,6 +10,10 @@ both see the same machine at the same time. Each process builds the fixed shape 
 prompt at temperature 1 with no stop token (every row decodes all 64), warms up once and prints the median
 tokens/s of `--repeats` whole calls (prefill included; tokens back on the host). Tunix's call also tokenises
 and detokenises through a trivial integer tokenizer, which costs microseconds.
+
+A third side, "matmuls alone" (`matmuls_only`), runs nothing but the model's matmuls at the same shape: the
+ceiling of any float32 sampler on this machine. ours / matmuls alone is how close we are to it; matmuls alone /
+Tunix is the largest ratio to Tunix that any sampler could reach here.
 """
 
 from __future__ import annotations
@@ -53,6 +57,45 @@ def ours(batch: int, repeats: int, options: dict) -> float:
   keys = iter(range(10**6))
   return _median_rate(lambda: jax.device_get(gen(params, prompts, lengths, jax.random.key(next(keys))).tokens),
                       batch, repeats)
+
+
+def matmuls_only(batch: int, repeats: int, options: dict) -> float:
+  """The ceiling of any sampler of this shape on this machine: a jitted loop that runs only the model's matmuls
+  (the prefill's seven projections per layer over batch x prompt tokens, then per new token the seven projections
+  of every layer and the vocabulary projection), in float32, with nothing else: no attention, norms, rotary, cache
+  or draw. Its tokens/s is what a sampler would reach if everything but the matmuls cost nothing."""
+  del options
+  import jax
+  import jax.numpy as jnp
+
+  from rl_lm.models import presets, transformer
+
+  cfg = presets.get("bench")
+  params = transformer.init(cfg, jax.random.key(0))
+  B, P, N, D = batch, SHAPE["prompt"], SHAPE["new"], SHAPE["d"]
+
+  def blocks(x, layers):  # x [R, D]: every projection of every layer, each layer's input the previous output
+    for lp in layers:
+      q = x @ lp["wq"].reshape(D, -1)  # [R, H * Dh]
+      kv = jnp.sum(x @ lp["wk"].reshape(D, -1)) + jnp.sum(x @ lp["wv"].reshape(D, -1))
+      x = x + q @ lp["wo"].reshape(-1, D) + 1e-9 * kv
+      x = x + ((x @ lp["w_gate"]) * (x @ lp["w_up"])) @ lp["w_down"]
+    return x
+
+  @jax.jit
+  def run(params, x_prompt, x0):
+    layers = [jax.tree.map(lambda w, i=i: w[i], params["layers"]) for i in range(cfg.n_layers)]
+    x = x0 + 1e-3 * blocks(x_prompt, layers)[:B]  # the prefill's matmuls, [B * P, D]
+
+    def step(_, x):  # one new token per row
+      logits = blocks(x, layers) @ params["embed"].T  # [B, V]
+      return x + 1e-3 * logits[:, :D]
+
+    return jax.lax.fori_loop(0, N, step, x)
+
+  x_prompt = jax.random.normal(jax.random.key(1), (B * P, D))
+  x0 = jax.random.normal(jax.random.key(2), (B, D))
+  return _median_rate(lambda: jax.device_get(run(params, x_prompt, x0)), batch, repeats)
 
 
 class _IntTokenizer:
@@ -115,26 +158,28 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--options", default="{}", help="extra SamplingConfig fields for our side, as JSON")
-  parser.add_argument("--side", default="", choices=("", "ours", "tunix"), help=argparse.SUPPRESS)
+  parser.add_argument("--side", default="", choices=("", "ours", "tunix", "matmuls"), help=argparse.SUPPRESS)
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
   options = json.loads(args.options)
   if args.side:  # a child: one measurement, printed as JSON
-    rate = (ours if args.side == "ours" else tunix)(batches[0], args.repeats, options)
+    rate = {"ours": ours, "tunix": tunix, "matmuls": matmuls_only}[args.side](batches[0], args.repeats, options)
     print(json.dumps({"tokens_per_s": rate}))
     return
   if not args.tunix_python:
     parser.error("--tunix_python is required (see the module docstring)")
-  rates = {(side, b): [] for side in ("ours", "tunix") for b in batches}
+  sides = (("ours", sys.executable), ("tunix", args.tunix_python), ("matmuls", sys.executable))
+  rates = {(side, b): [] for side, _ in sides for b in batches}
   for r in range(args.rounds):
     for b in batches:
-      for side, python in (("ours", sys.executable), ("tunix", args.tunix_python)):
+      for side, python in sides:
         rates[side, b].append(_child(python, side, b, args.repeats, options))
         print(f"round {r + 1} batch {b} {side}: {rates[side, b][-1]:,.0f} tokens/s", flush=True)
-  print("batch | ours tokens/s (median) | Tunix tokens/s (median) | ours / Tunix")
+  print("batch | ours tokens/s (median) | Tunix tokens/s (median) | matmuls alone (median) | ours / Tunix"
+        " | ours / matmuls alone | matmuls alone / Tunix")
   for b in batches:
-    o, t = statistics.median(rates["ours", b]), statistics.median(rates["tunix", b])
-    print(f"{b} | {o:,.0f} | {t:,.0f} | {o / t:.2f}x")
+    o, t, m = (statistics.median(rates[side, b]) for side in ("ours", "tunix", "matmuls"))
+    print(f"{b} | {o:,.0f} | {t:,.0f} | {m:,.0f} | {o / t:.2f}x | {o / m:.2f} | {m / t:.2f}x")
 
 
 if __name__ == "__main__":
