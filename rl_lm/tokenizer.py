@@ -131,19 +131,22 @@ class HFTokenizer:
     self.special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
     self.chat = None
     if chat:
-      source = special.get("chat_template")
+      source, origin = special.get("chat_template"), cfg_file
       jinja_file = os.path.join(directory, "chat_template.jinja")
       if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
         source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None)
       if not source and os.path.exists(jinja_file):
-        with open(jinja_file, encoding="utf-8") as f:
-          source = f.read()
+        try:
+          with open(jinja_file, encoding="utf-8") as f:
+            source, origin = f.read(), jinja_file
+        except UnicodeDecodeError as e:
+          raise TokenizerError(f"{jinja_file}: not UTF-8 text ({e})") from None
       if not isinstance(source, str) or not source:
         raise TokenizerError(f"{cfg_file}: no chat_template (nor {jinja_file}); a chat prompt needs the checkpoint's "
                              "template (or use a plain one)")
       names = ("bos_token", "eos_token", "unk_token", "pad_token")
       text = {n: (special[n].get("content") if isinstance(special.get(n), dict) else special.get(n)) for n in names}
-      self.chat = ChatTemplate(source, text)
+      self.chat = ChatTemplate(source, text, origin=origin)
     turn_end = self.chat.end_of_turn(self.encode, self.special_ids) if self.chat else ()
     self.stop_ids = tuple(dict.fromkeys((self.eos_id, *turn_end)))
 

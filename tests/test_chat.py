@@ -1,12 +1,23 @@
 """Chat templates: rl_lm.chat renders the checkpoint's own template token for token as transformers'
-`apply_chat_template` does (SmolLM2, Qwen2.5, Llama 3), stops on its end of turn, and is sandboxed."""
+`apply_chat_template` does (SmolLM2, Qwen2.5, Llama 3), stops on its end of turn, and is sandboxed; its render
+worker is replaced after a kill, serves threads, and is its own in a pickled copy, a fork (hostile templates:
+tests/test_untrusted_checkpoints.py)."""
 
+import concurrent.futures
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from rl_lm.chat import ChatTemplate, ChatTemplateError
+from rl_lm.chat_worker import RenderLimits
 from rl_lm.tokenizer import HFTokenizer, TokenizerError
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -137,3 +148,113 @@ def test_tasks_take_the_chat_template(smollm2_folder):
   reply = "Here it is:\n```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
   program = build_program(humaneval, reply)
   assert program.startswith("from typing import List") and "Complete the following" not in program
+
+
+# --- the render worker: limits, restarts, pickling, forks, threads -------------------------------------------
+
+SPIN = ("{% if messages[0]['content'] == 'spin' %}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
+        "{% endfor %}{% endif %}[{{ messages[0]['content'] }}]")
+
+
+def _user(text: str) -> list[dict]:
+  return [{"role": "user", "content": text}]
+
+
+def _state(pid: int) -> str:
+  """The process state letter of `pid` ('Z' a zombie), '' when it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except FileNotFoundError:
+    return ""
+
+
+def test_errors_name_the_file_the_template_came_from(smollm2_folder, tmp_path):
+  folder = folder_with(smollm2_folder, tmp_path / "a", "{{ 'x' | center(20000000) }}")
+  with pytest.raises(ChatTemplateError, match=rf"^{re.escape(str(folder / 'tokenizer_config.json'))}: chat template "
+                     r"output exceeds 8388608 bytes; stopped$"):
+    HFTokenizer(str(folder), chat=True)
+  folder = folder_with(smollm2_folder, tmp_path / "b", None)
+  (folder / "chat_template.jinja").write_text("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+  with pytest.raises(ChatTemplateError, match=rf"^{re.escape(str(folder / 'chat_template.jinja'))}: chat template "
+                     r"recursed too deeply to render$"):
+    HFTokenizer(str(folder), chat=True)
+  with pytest.raises(ChatTemplateError, match=r"^x.jinja: chat template does not compile: .*'endfor'"):
+    ChatTemplate("{% for m in messages %}", origin="x.jinja")
+  with pytest.raises(ValueError, match="RenderLimits.timeout_s must be positive"):
+    RenderLimits(timeout_s=0)
+
+
+def test_a_worker_killed_for_time_or_from_outside_is_replaced():
+  template = ChatTemplate(SPIN, limits=RenderLimits(timeout_s=2.0))
+  assert template.render(_user("ok")) == "[ok]"
+  first = template._worker._proc.pid
+  with pytest.raises(ChatTemplateError, match=r"^chat template took more than 2 s to render; stopped$"):
+    template.render(_user("spin"))
+  assert _state(first) == "" and template._worker._proc is None  # killed and reaped
+  assert template.render(_user("again")) == "[again]"  # a fresh worker
+  second = template._worker._proc.pid
+  os.kill(second, signal.SIGKILL)  # the OOM killer, say, between two calls
+  deadline = time.monotonic() + 30
+  while _state(second) != "Z" and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert template.render(_user("after")) == "[after]" and template._worker._proc.pid not in (first, second)
+  assert _state(second) == ""  # reaped when replaced
+  template.close()
+
+
+def test_concurrent_renders_from_threads_get_their_own_answers():
+  template = ChatTemplate("{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
+  texts = [f"thread {t} call {i} " + "é" * (i * 997 % 50000) for t in range(4) for i in range(25)]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    got = list(pool.map(lambda text: template.render(_user(text)), texts))
+  assert got == [f"<{text}>" for text in texts]
+  with pytest.raises(ChatTemplateError, match="does not pickle"):
+    template.render(_user("x"), tools=[lambda: 1])
+  assert template.render(_user("still")) == "<still>"
+
+
+_COPIES = textwrap.dedent("""
+  import os, pickle, sys, threading, time
+  from rl_lm.chat import ChatTemplate
+
+  template = ChatTemplate(sys.argv[1])
+  hi = [{"role": "user", "content": "hi"}]
+  mine = (template.render(hi), template._worker._proc.pid)
+  clone = pickle.loads(pickle.dumps(template))
+  print("clone", clone.render(hi) == mine[0], clone._worker._proc.pid != mine[1])
+  read, write = os.pipe()
+  child = os.fork()
+  if child == 0:  # the fork renders with a worker of its own, and leaves the parent's alone
+    os.write(write, f"{template.render(hi) == mine[0]} {template._worker._proc.pid != mine[1]}".encode())
+    os._exit(0)
+  os.waitpid(child, 0)
+  print("fork", os.read(read, 100).decode(), (template.render(hi), template._worker._proc.pid) == mine)
+  spin = ChatTemplate(sys.argv[2])
+  pid = spin._worker._proc.pid
+  cpu = lambda: sum(map(int, open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[11:13]))  # clock ticks
+  idle = cpu()
+  threading.Thread(target=spin.render, args=([{"role": "user", "content": "spin"}],), daemon=True).start()
+  deadline = time.monotonic() + 30
+  while cpu() < idle + 20 and time.monotonic() < deadline:  # rendering, not reading its pipe
+    time.sleep(0.01)
+  print("busy", pid, flush=True)
+  os._exit(0)  # no clean-up: the busy worker must notice its parent is gone
+""")
+
+
+def test_pickled_and_forked_copies_use_their_own_workers_and_orphans_exit():
+  run = subprocess.run([sys.executable, "-c", _COPIES, "[{{ messages[0]['content'] }}]", SPIN],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr[-3000:]
+  lines = run.stdout.splitlines()
+  assert lines[:2] == ["clone True True", "fork True True True"], run.stdout
+  busy = int(lines[2].split()[1])
+  deadline = time.monotonic() + 60
+  try:
+    while _state(busy) not in ("", "Z") and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert _state(busy) in ("", "Z"), "an orphaned worker went on rendering"
+  finally:
+    if _state(busy) not in ("", "Z"):
+      os.kill(busy, signal.SIGKILL)

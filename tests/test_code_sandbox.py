@@ -27,7 +27,7 @@ from rl_lm.rewards.code import (
   job_for,
   remove_tree,
 )
-from rl_lm.rewards.jail import seccomp_program
+from rl_lm.rewards.jail import private_tmpfs_argv, seccomp_program
 from rl_lm.rewards.sandbox_child import Unencodable, decode, encode
 from rl_lm.tasks.base import Problem
 from rl_lm.tasks.humaneval import HumanEvalTask, default_path
@@ -87,19 +87,26 @@ def test_masking_is_by_cause():
 
 def test_a_timeout_is_blamed_on_the_host_only_when_it_kept_the_program_waiting(tmp_path):
   sb = Sandbox(SandboxLimits(timeout_s=2.0))
-  starved = _Outcome(started=True, timed_out=True, cpu_s=0.3, wait_s=1.5)
-  assert sb._classify(starved, tmp_path, "n")[0] == "overloaded"
-  for cpu, wait in ((1.9, 0.05), (0.01, 0.01), (1.5, 1.5), (4.0, 25.0)):  # spinning, sleeping, a fork bomb's own queue
-    assert sb._classify(_Outcome(started=True, timed_out=True, cpu_s=cpu, wait_s=wait), tmp_path, "n")[0] == "timeout"
+
+  def status(**kw) -> str:
+    return sb._classify(_Outcome(started=True, timed_out=True, **kw), tmp_path, "n")[0]
+
+  assert status(counted=True, cpu_s=0.3, wait_s=1.5) == "overloaded"
+  for cpu, wait in ((1.9, 0.05), (0.01, 0.01), (1.5, 1.5), (4.0, 1.9)):  # spinning, sleeping, a fork bomb's own queue
+    assert status(counted=True, cpu_s=cpu, wait_s=wait) == "timeout"
+  assert status(counted=True, cpu_s=0.3, wait_s=1.5, deprioritised=True) == "timeout"  # it chose to wait
+  assert status(counted=False, cpu_s=0.3, wait_s=1.5) == "timeout"  # no count it cannot falsify: its own time ran out
+  assert status(counted=True, cpu_s=None, wait_s=1.5) == "timeout"
   assert sb._classify(_Outcome(started=False, timed_out=True), tmp_path, "n")[0] == "sandbox_error"
-  lowered = _Outcome(started=True, timed_out=True, cpu_s=0.3, wait_s=1.5, deprioritised=True)
-  assert sb._classify(lowered, tmp_path, "n")[0] == "timeout"  # it chose to wait
+  killed = _Outcome(verdict={"t": "verdict", "status": "candidate_died"}, started=True, cand_rc=-9, oom_kills=1)
+  assert sb._classify(killed, tmp_path, "n")[0] == "memory_limit"  # the run's memory bound's SIGKILL, not the CPU's
 
 
 def test_a_program_that_lowers_its_own_priority_cannot_pass_its_wait_off_as_an_overloaded_host(jailed):
   """On a host kept busy (six spinning processes, each in its own session as separate jobs are, so that the
   kernel's autogroups share the CPUs between them and the sandbox), a spinning program waits on the runqueue:
-  masked as overloaded. The same program at SCHED_IDLE or nice 19 waits by its own choice: a 0, never masked."""
+  masked as overloaded. A program cannot choose to wait: SCHED_IDLE and nice 19 are refused (it fails, a 0).
+  Without a CPU count it cannot falsify (no cgroups), the same starved spinner scores 0: the conservative rule."""
   spin = "def add(a, b):\n  while True:\n    pass\n"
   idle_spin = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" + spin
   nice_spin = "import os\nos.nice(19)\n" + spin
@@ -108,10 +115,16 @@ def test_a_program_that_lowers_its_own_priority_cannot_pass_its_wait_off_as_an_o
     time.sleep(0.3)
     sb = Sandbox(SandboxLimits(timeout_s=1.5))
     r = sb.run(CodeJob(spin, PROBE_TESTS, "add"))
-    assert r.status == "overloaded", r  # the host's doing: masked
+    if sb.cgroups.cpu is not None and seccomp_program() is not None:
+      assert r.status == "overloaded", r  # the host's doing: masked
+      assert r.cpu_s < 0.75 and "waiting" in r.detail, r
+    else:
+      assert r.status == "timeout", r
     for program in (idle_spin, nice_spin):
       r = sb.run(CodeJob(program, PROBE_TESTS, "add"))
-      assert r.status == "timeout", r
+      assert r.status == "runtime_error" and "PermissionError" in r.detail, r
+    r = Sandbox(SandboxLimits(timeout_s=1.5), SandboxPolicy(cgroups=False)).run(CodeJob(spin, PROBE_TESTS, "add"))
+    assert r.status == "timeout" and "cannot falsify" in r.detail, r
   finally:
     for hog in hogs:
       hog.kill()
@@ -188,6 +201,10 @@ def test_humaneval_subset(sandbox):
 def test_jail_layers_are_confirmed_by_the_kernel(jailed):
   layers = set(jailed.run(CodeJob(ADD, PROBE_TESTS, "add")).layers)
   assert {"bwrap", "fs:allowlist", "rlimits+nproc", "no-capabilities", "no-new-privs"} <= layers, layers
+  cgroups = jailed.cgroups.layer
+  assert (cgroups in layers) if cgroups else not any(x.startswith("cgroup:") for x in layers), (cgroups, layers)
+  if private_tmpfs_argv("/mnt", 1, 1) is not None:  # root with unshare and mount, as here: an inode cap too
+    assert any(x.endswith(",16384 files") for x in layers), layers
   assert any(x.startswith("ns:mnt+pid+net+ipc") for x in layers)
   assert any(x.startswith("uid:") and x != "uid:0" for x in layers)
   assert "audit-hook" not in layers  # not a wall, so not used where the walls exist

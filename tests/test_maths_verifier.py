@@ -35,7 +35,10 @@ from rl_lm.rewards.maths import (
     ("Thus the final answer is $18 per day.", "answer_is", "$18 per day"),
     ("A: 18", "answer_colon", "18"),
     ("Answer: 18", "answer_colon", "18"),
-    ("#### 18\n\\boxed{19}", "hashes", "18"),
+    ("#### 18\n\\boxed{18}", "hashes", "18"),
+    ("\\boxed{１８}", "boxed", "18"),
+    ("> Answer: 18", "answer_colon", "18"),  # a quoted answer counts when it is the only one
+    ("```\n#### 5\n```\nThe answer is 18.", "answer_is", "18"),  # code is no answer
   ],
 )
 def test_extraction(completion, method, text):
@@ -92,6 +95,12 @@ def test_interpretation_kinds():
   assert interpret("2\\sqrt{2}").kind == "symbolic"
   assert interpret("not 18").kind == "refused"
   assert interpret("x" * 2000).kind == "too_long"
+  assert interpret("x = 18 = 19").kind == "relation"  # an equation: compared only with a gold equation
+  assert (interpret("18 \\mid 19").kind, interpret("18 \\mid 19").reason) == ("ambiguous", "several numbers")
+  assert (interpret("x = 18").kind, interpret("x = 18").value) == ("number", 18)  # a label
+  assert (interpret("１８").kind, interpret("１８").value) == ("number", 18)
+  assert (interpret("18²").kind, interpret("18²").text) == ("symbolic", "18^{2}")  # an exponent, never dropped
+  assert interpret("gamma(10)").kind == "symbolic"  # a function, not the unit "gamma"
 
 
 @pytest.mark.parametrize(
@@ -127,6 +136,26 @@ def test_percent_and_scale_rules(gold, completion, score):
     ("#### 18\n#### 19", "conflicting"),
     ("#### " + "9 " * 200, "too_long"),
     ("#### 18\n" * 20, "too_many"),
+    ("#### nicht 18", "negation: nicht"),
+    ("#### 不是18", "negation: 不"),
+    ("#### 18 个", "unreadable: 个"),
+    ("It is nоt \\boxed{18}", "unreadable: nоt (before the answer)"),  # a Cyrillic "о"
+    ("La respuesta no es \\boxed{18}", "negation: no (before the answer)"),
+    ("Maybe, the answer is 18.", "hedge: Maybe (before the answer)"),
+    ("#### 18 (jk)", "correction: jk"),
+    ("#### 18 /s", "correction: /"),
+    ("\\boxed{18} 😜", "correction: 😜"),
+    ("#### 18\nUpdate: 19", "correction: Update"),
+    ("#### 18\nThe real total is 19.", "several numbers"),
+    ("\\boxed{18} update 19", "correction: update"),
+    ("#### 18\n\nSome text.\n\nThe answer is 19.", "several numbers"),  # within the lines read after it
+    ("#### 18\nA.\nB.\nC.\nD.\nThe answer is 19.", "conflicting (answer_is)"),  # further on
+    ("\\boxed{18 \\mid 19}", "several numbers"),
+    ("#### 18½", "several numbers"),
+    ("#### 十八", "several numbers"),
+    ("19 \\mid \\boxed{18}", "several numbers (before the answer)"),
+    ("e.g. #### 18", "no_answer (only in an example, a quote or code)"),
+    ("```\n#### 18\n```", "no_answer (only in an example, a quote or code)"),
   ],
 )
 def test_refusals_say_why(completion, reason):
@@ -152,17 +181,44 @@ def test_symbolic_answers_go_through_math_verify(pool):
   assert verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", pool=pool).score == 1.0
   assert verify_answer("1024", "\\boxed{2^{10}}", pool=pool).score == 1.0
   assert verify_answer("2\\sqrt{2}", "\\boxed{\\sqrt{7}}", pool=pool).score == 0.0
+  assert verify_answer("2a + b = 10", "\\boxed{b + 2a = 10}", pool=pool).score == 1.0  # a relation, both sides
+  assert verify_answer("10", "\\boxed{2a + b = 10}", pool=pool).info["reason"] == "several answers"
   r = verify_answer("18", "\\boxed{\\{17, 18\\}}", pool=pool)
   assert r.score == 0.0
 
 
-def test_costly_closed_forms_never_reach_math_verify():
-  assert too_costly("100000!") and too_costly("x^{100000!}")
-  for answer in ("9^{9^{9^{9}}}", "9^{99999999}", "2^2^2^2", "x^{100000!}"):
-    assert too_costly(answer), answer
-    r = verify_answer("2", f"\\boxed{{{answer}}}", pool=_NoPool())
-    assert (r.score, r.valid, r.info["reason"]) == (0.0, True, "too_complex")
-  assert not too_costly("2^{10}") and not too_costly("\\sqrt{8}") and not too_costly("5!")
+COSTLY = (  # each takes math-verify seconds to forever; any function or "!" of a huge argument, however spelled
+  "9^{9^{9^{9}}}", "9^{99999999}", "2^2^2^2", "x^{100000!}", "100000!", "(10^{6})!", "\\Gamma(10^{6})", "\\Gamma(1e6)",
+  "\\Gamma\\left(10^{6}\\right)", "Γ(10^6)", "gamma(1e6)", "1000000!", "\\operatorname{factorial}(10^6)",
+  "binomial(10^6, 5*10^5)", "\\binom{10^{6}}{500000}", "\\dbinom{10^6}{3}", "1000000!!", "!1000000", "1000000#",
+  "\\operatorname{sf}(10^4)", "superfactorial(5000)", "fibonacci(10^9)", "\\operatorname{fib}(10^{9})", "exp(10^9)",
+  "\\exp(10^{9})", "e^{10^9}", "\\mathrm{e}^{10^{9}}", "2^(2^(2^2))", "2^{2^{2^{2}}}", "2^{2²}", "((10^{9999})^{9999})",
+  "\\Gamma(\\Gamma(20))", "\\frac{10^6}{2}!", "{10^6}!", "10^{6}!", "\\sum_{i=1}^{10^6} i!", "\\prod_{k=1}^{10^{6}} k",
+  "1e999999999", "1e" + "9" * 5000, "\\Gamma " * 200 + "5",
+)
+CHEAP = (
+  "2^{10}", "\\sqrt{8}", "5!", "1000!", "\\Gamma(1000)", "\\binom{10}{3}", "2\\sqrt{2}", "\\frac{\\sqrt{3}}{2}",
+  "\\sqrt{10^{100}}", "\\log(10^{100})", "\\sin(10^9)", "10^{10000}", "(2^2)^2", "\\pi r^2", "e^{i\\pi}", "x^2 + y^2",
+  "\\left(\\frac{1}{2}\\right)^{10}", "18 \\text{ dollars}",
+)
+
+
+@pytest.mark.parametrize("answer", COSTLY)
+def test_costly_closed_forms_never_reach_math_verify(answer):
+  """Refused in well under a second of CPU time: as too complex, or earlier (a "1000000!" is the number 1000000,
+  a "binomial(a, b)" two answers), but never by math-verify."""
+  assert too_costly(answer), answer
+  cpu = time.process_time()
+  r = verify_answer("2", f"\\boxed{{{answer}}}", MathsConfig(max_answer_chars=10_000), pool=_NoPool())
+  assert time.process_time() - cpu < 0.5
+  assert r.score == 0.0 and r.valid and r.info.get("path") != "symbolic", r.info
+  if "(" in answer and answer[0].isalpha():  # a function written as a word is no unit: "gamma(1e6)" is not 1e6
+    assert "path" not in r.info, r.info
+
+
+@pytest.mark.parametrize("answer", CHEAP)
+def test_cheap_closed_forms_are_not_costly(answer):
+  assert not too_costly(answer)
 
 
 def test_overrun_blame_follows_the_worker_cpu_time():

@@ -171,6 +171,12 @@ def test_failure_verdicts():
   assert t.verdict() == failures.Verdict("model", "repetition loop")
   assert failures.periodic_tail([1, 2, 1, 2, 1, 2, 1, 2]) and not failures.periodic_tail([1, 2, 3, 4, 5, 6, 7, 8])
   assert failures.precision_recall([True, True, False], [True, False, False]) == (0.5, 1.0)
+  t = failures.Tracker()  # reasons are kept as visible, bounded text: they reach logs and JSON
+  t.fail(failures.Verdict("model", "cannot encode \udcff\x1b" + "x" * 500))
+  reason = t.verdict().reason
+  assert t.verdict().outcome == "model" and reason.startswith("cannot encode \ufffd\\x1b") and len(reason) < 350
+  with pytest.raises(ValueError, match="model or environment"):
+    t.fail(failures.Verdict("task"))
 
 
 def test_chat_template_frames_the_turns_as_one_rendered_conversation(smollm2_folder):

@@ -5,7 +5,8 @@ answers from a copy elsewhere on the host, the repository, /etc, /root, /proc or
 files; fills the disk; leaves SysV or POSIX shared memory; builds a 1,500-deep folder tree; forks,
 spins, sleeps, ignores signals, allocates; calls ptrace, keyctl, unshare, setns, mount; connects to a
 listener this test opens on 127.0.0.1; reads this process's secret environment variable; kills its
-parent; forges the pass marker; returns an object whose `__eq__` lies; ...). Each must score 0 (or be
+parent; forges the pass marker; returns an object whose `__eq__` lies; disguises its own timeout as an
+overloaded host; ...). Each must score 0 (or be
 masked, for a spinner on a host too loaded to give it its time), and after each the host must hold
 nothing of it: no process, no file in the temporary folders, no SysV IPC object, no mount.
 """

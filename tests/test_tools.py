@@ -52,6 +52,37 @@ def test_calculator_refuses_with_an_error_observation(expression, reason):
   assert result.error and result.output.startswith("error: ") and reason in result.output
 
 
+@pytest.mark.parametrize("expression, output", [
+  ("é + 1", "error: not arithmetic: '\\xe9'"),  # the echo of the policy's text is escaped: ASCII
+  ("'\ufffd'", "error: not arithmetic: \"'\\ufffd'\""),
+  ("\udcff", "error: 'utf-8' codec can't encode character '\\udcff' in position 0: surrogates not allowed"),
+  ("1\x00", "error: syntax error"),
+  ("'\\q'", "error: not arithmetic: \"'\\\\\\\\q'\""),  # an invalid escape: no warning reaches our stderr
+])
+def test_calculator_output_is_ascii_whatever_the_expression(expression, output, recwarn):
+  result = tools.calculator(expression)
+  assert result == tools.ToolResult(output, error=True) and result.output.isascii() and not recwarn.list
+
+
+def test_python_tool_output_is_visible_text():
+  """What the sandbox hands back (a surrogate in an exception's message, NULs and escapes on stdout) reaches the
+  policy as valid Unicode with control characters escaped."""
+  from rl_lm.rewards.code import SandboxResult
+
+  class Fake:
+    def __init__(self, result):
+      self.result = result
+
+    def run(self, job):
+      return self.result
+
+  raised = SandboxResult("runtime_error", 0.1, "ValueError: \udcff\x1b[2J", stdout="a\x00b\n")
+  assert tools.PythonTool(sandbox=Fake(raised))("x") == tools.ToolResult(
+    "a\\x00b\nerror: ValueError: \ufffd\\x1b[2J", error=True)
+  huge = SandboxResult("passed", 0.1, stdout="\x07" * 5000)
+  assert tools.PythonTool(sandbox=Fake(huge))("x") == tools.ToolResult("\\x07" * 100)  # the last 400 characters
+
+
 @pytest.fixture(scope="module")
 def python_tool():
   return tools.PythonTool(timeout_s=2.0)

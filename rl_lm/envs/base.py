@@ -15,7 +15,8 @@ re-tokenised.
 `Step.info` may carry, besides anything the environment wants logged:
 - "success": bool, the episode solved its task (default: reward > 0 when done);
 - "failure": "model" when the policy broke the protocol (a malformed tool call), with "reason";
-- "tool_calls": int, tool calls this step made.
+- "tool_calls": int, tool calls this step made; its observation then counts as the policy's output: one that
+  cannot be framed is the model's failure (rl_lm/envs/failures.py).
 An environment that raises, hangs or whose worker dies is an environment failure (rl_lm/envs/failures.py):
 masked from the gradient and counted, never scored 0. An environment must not raise for the policy's mistakes:
 those are observations (or a "failure": "model" step), since only the environment's own faults are masked.

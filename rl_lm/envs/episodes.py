@@ -22,6 +22,16 @@ environments (in worker processes, rl_lm/envs/workers.py, or in this process), f
 tokens (`Framing`), and classifies every ended episode (rl_lm/envs/failures.py). Random draws: turn t of a
 batch uses fold_in(rng, t) and rows draw from fold_in(that, row), so a row's episode does not depend on the
 batch's other rows' lengths.
+
+Nothing the policy writes can stop the run. Text crosses into tokens at three places, each guarded, and what
+fails there ends that episode only, classified and counted (the rule: rl_lm/envs/failures.py):
+- decoding the policy's turn (`tok.decode`): a failure is the model's (its own tokens);
+- framing an observation (`Framing.frame`): not text, refused by the tokenizer, oversized, or the chat
+  template's renderer failing (rl_lm/envs/failures.py says whose failure each is);
+- the environment's answer itself (`_account`): not a `base.Step`, a reward that is not a finite
+  number, an `info` that is not a dict: the environment's failure.
+Transcripts and failure reasons hold `text.visible` text (valid Unicode, control characters escaped), so they
+can be printed, logged and written to JSON whatever the policy or a tool produced.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -39,7 +50,9 @@ import numpy as np
 
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling
-from rl_lm.envs import failures
+from rl_lm.chat import ChatTemplateError
+from rl_lm.envs import base, failures
+from rl_lm.envs import text as text_lib
 from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
 from rl_lm.tasks.base import Problem
@@ -147,14 +160,22 @@ def to_rollout(state: EpisodeState, finished: jax.Array) -> sampling.Rollout:
 # --- framing: text at the environment boundary, tokens inside -------------------------------------------
 
 
+CHARS_PER_SLOT = 32  # an observation of more characters than this per slot of the episode is refused unencoded
+TRANSCRIPT_OBS_CHARS = 2000  # what a transcript keeps of an observation that could not be framed
+
+
 class Framing:
   """How the environment's texts become tokens: the first observation as the task's prompt
   (`tok.encode_prompt`: the chat template's user turn and generation prompt, or bos + text), the later ones
   as what follows the policy's stop token (`tok.encode_reply`: the template's user turn after the assistant's
-  end of turn, or the text itself for a tokenizer without a template)."""
+  end of turn, or the text itself for a tokenizer without a template).
 
-  def __init__(self, tok: Any):
-    self.tok = tok
+  `first` and `next` raise what the tokenizer raises (for callers that own their text: SFT demonstrations);
+  the episode runner calls `frame`, which never raises. `slots`: the episode's buffer size, which bounds an
+  observation (None: unbounded)."""
+
+  def __init__(self, tok: Any, slots: int | None = None):
+    self.tok, self.slots = tok, slots
 
   def first(self, observation: str) -> list[int]:
     return list(self.tok.encode_prompt(observation))
@@ -162,6 +183,78 @@ class Framing:
   def next(self, observation: str) -> list[int]:
     encode_reply = getattr(self.tok, "encode_reply", None)
     return list(encode_reply(observation) if encode_reply else self.tok.encode(observation))
+
+  def frame(self, observation: Any, source: str, first: bool = False) -> list[int] | failures.Verdict:
+    """The observation's tokens (`first`: as the episode's prompt), or why it cannot become tokens, as the
+    episode's failure: `source`'s ("model" or "environment", `failures.observation_source`) unless said.
+      (1) not a `str`: the environment's (it broke the interface);
+      (2) more than CHARS_PER_SLOT characters a slot: oversized, refused before the tokenizer spends time on it
+          (no real tokenizer averages 32 characters a token, so it could not fit);
+      (3) a lone surrogate: not text (`text.first_surrogate`);
+      (4) the chat template failed to render it (`ChatTemplateError`): the environment's;
+      (5) the tokenizer raised on it (a character outside the character tokenizer's alphabet, anything else);
+      (6) as many tokens as the episode's whole buffer: oversized (it could never fit with a reply)."""
+    unframed = failures.UNFRAMED
+    if not isinstance(observation, str):
+      return failures.Verdict("environment", f"{unframed}: {type(observation).__name__}, not str")
+    if self.slots is not None and len(observation) > CHARS_PER_SLOT * self.slots:
+      return failures.Verdict(source, f"{unframed}: oversized ({len(observation)} characters)")
+    at = text_lib.first_surrogate(observation)
+    if at >= 0:
+      return failures.Verdict(source, f"{unframed}: not valid Unicode (a lone surrogate at character {at})")
+    try:
+      ids = self.first(observation) if first else self.next(observation)
+    except ChatTemplateError as e:  # before ValueError, which it is: the renderer, not the text
+      return failures.Verdict("environment", f"{unframed}: {e}")
+    except Exception as e:  # noqa: BLE001 -- whatever the tokenizer raises on this text, the text's producer's
+      return failures.Verdict(source, f"{unframed}: cannot be encoded ({type(e).__name__}: {e})")
+    if self.slots is not None and len(ids) >= self.slots:
+      return failures.Verdict(source, f"{unframed}: oversized ({len(ids)} tokens, the episode holds {self.slots})")
+    return ids
+
+
+def _decode(tok: Any, ids: np.ndarray) -> tuple[str, str]:
+  """The policy's turn as text, and "" or why it cannot be decoded (the model's failure: its tokens)."""
+  try:
+    out = tok.decode(ids)
+    if not isinstance(out, str):
+      raise TypeError(f"decode returned {type(out).__name__}")
+    return out, ""
+  except Exception as e:  # noqa: BLE001 -- any decoding failure ends this episode, not the run
+    return "", f"turn cannot be decoded ({type(e).__name__}: {e})"
+
+
+class _Account(NamedTuple):
+  """What the runner takes from one `base.Step`, read once and checked."""
+
+  reward: float
+  done: bool
+  success: bool  # when done
+  calls: int
+  model_failure: str  # "" or the reason of the policy's protocol error
+  source: str  # who produced the observation (failures.observation_source)
+
+
+def _account(step: Any) -> _Account | str:
+  """The step's account, or why the environment's answer breaks the `base.Step` contract (its failure): the
+  runner's bookkeeping must not raise on it, and a reward that is not a finite number must not reach the
+  advantages."""
+  if not isinstance(step, base.Step):
+    return f"step returned {type(step).__name__}, not a Step"
+  if not isinstance(step.info, dict):
+    return f"step info is {type(step.info).__name__}, not a dict"
+  info = step.info
+  try:
+    reward, done, calls = float(step.reward), bool(step.done), int(info.get("tool_calls", 0))
+    success = bool(info.get("success", reward > 0))
+    model = str(info.get("reason", "protocol error")) if info.get("failure") == "model" else ""
+  except Exception as e:  # noqa: BLE001 -- a value that will not convert (an array's truth, a bad __str__)
+    return f"malformed step ({type(e).__name__}: {e})"
+  if not math.isfinite(reward):
+    return f"step reward is {reward}"
+  if calls < 0:
+    return f"step tool_calls is {calls}"
+  return _Account(reward, done, success, calls, model, failures.observation_source(info))
 
 
 # --- the host loop ---------------------------------------------------------------------------------------
@@ -195,6 +288,13 @@ class EpisodeBatch:
 _EPISODE_IDS = itertools.count()
 
 
+def _shown(observation: Any, framed: bool) -> str:
+  """An observation as a transcript holds it: `text.visible`, and clipped when it could not be framed (it may
+  be huge, or not even a str)."""
+  shown = text_lib.visible(observation if isinstance(observation, str) else repr(observation))
+  return shown if framed else text_lib.clip(shown, TRANSCRIPT_OBS_CHARS)
+
+
 def _bucket(n: int) -> int:
   """Observation chunks are padded to a power of two (at least 8): a handful of compiled turn shapes."""
   return max(8, 1 << max(0, int(n - 1).bit_length()))
@@ -214,10 +314,36 @@ class EpisodeRunner:
                faults: Callable[[Sequence[int], int], list[str]] | None = None):
     self.model_cfg, self.scfg, self.tok, self.envs, self.limits, self.rows = model_cfg, scfg, tok, envs, limits, rows
     self.mesh, self.rules, self.faults = mesh, rules, faults
-    self.framing = Framing(tok)
+    self.framing = Framing(tok, limits.max_tokens)
     self._turn = make_turn_fn(model_cfg, scfg, mesh, rules)
     self._init = jax.jit(functools.partial(init_state, model_cfg, scfg, rows, limits.max_tokens))
     self._rollout = jax.jit(to_rollout)
+
+  def _frame(self, tracker: failures.Tracker, observation: Any, source: str, first: bool = False
+             ) -> list[int] | None:
+    """The observation's tokens, or None with the episode's failure recorded (`Framing.frame`)."""
+    ids = self.framing.frame(observation, source, first)
+    if isinstance(ids, failures.Verdict):
+      tracker.fail(ids)
+      return None
+    return ids
+
+  def _observe(self, tracker: failures.Tracker, out: Any) -> tuple[_Account | None, list[int] | None, str]:
+    """The host's side of one environment step (`out`: its `workers.Outcome`), recorded in `tracker`: the step's
+    account (None: the environment failed), the observation's tokens the episode reads next (None: the episode
+    ended), and what the transcript adds. Never raises (tests/test_episode_fuzz.py drives it with hostile text)."""
+    step = _account(out.value) if out.ok else f"{out.failure}: {out.detail}"[:200]
+    if isinstance(step, str):
+      tracker.environment(step)
+      return None, None, ""
+    if step.model_failure:
+      tracker.model(step.model_failure)
+    if step.done:
+      tracker.finish(step.success)
+      return step, None, ""
+    observation = out.value.observation
+    ids = self._frame(tracker, observation, step.source)
+    return step, ids, f"\n<obs> {_shown(observation, ids is not None)}"
 
   def _put(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:
@@ -245,8 +371,8 @@ class EpisodeRunner:
       if not out.ok:
         tracker[b].environment(f"reset: {out.failure}: {out.detail}"[:200])
         continue
-      pending[b] = self.framing.first(out.value)
-      transcripts[b] = out.value
+      pending[b] = self._frame(tracker[b], out.value, "environment", first=True)
+      transcripts[b] = _shown(out.value, pending[b] is not None)
     stop = np.asarray(sampling.stop_and_budget(self.scfg, B, None, None)[0])
     stop_dev = self._put(stop)
     state = self._init()
@@ -279,13 +405,16 @@ class EpisodeRunner:
       acted = [b for b in range(B) if budget[b] > 0]
       actions, said = [], {}
       for b in acted:
-        start = fill[b] + obs_len[b]
-        text = self.tok.decode(tokens[b, start: new_fill[b]])
+        turn_ids = tokens[b, fill[b] + obs_len[b]: new_fill[b]]
+        text, undecodable = _decode(self.tok, turn_ids)
         turns[b] += 1
-        transcripts[b] += f"\n<turn {turn + 1}> {text}"
-        tracker[b].turn(tokens[b, start: new_fill[b]].tolist(), text, bool(stopped[b]))
+        transcripts[b] += f"\n<turn {turn + 1}> {text_lib.visible(text)}"
+        tracker[b].turn(turn_ids.tolist(), text, bool(stopped[b]))
         said[b] = text
-        if not stopped[b]:  # cut at its budget: the policy ran on
+        if undecodable:
+          tracker[b].model(undecodable)
+          pending[b] = None
+        elif not stopped[b]:  # cut at its budget: the policy ran on
           tracker[b].model("turn token budget exhausted" if new_fill[b] < S else "token budget exhausted")
           pending[b] = None
         else:
@@ -306,22 +435,12 @@ class EpisodeRunner:
         # injected into an environment that has none of its own, every replacement is an injected fault's doing).
         collateral = not out.ok and out.detail.startswith("worker replaced")
         tracker[b].injected = tracker[b].injected or fault in ("crash", "hang") or collateral
-        if not out.ok:
-          tracker[b].environment(f"{out.failure}: {out.detail}"[:200])
-          pending[b] = None
-          continue
-        step = out.value
-        returns[b] += float(step.reward)
-        calls[b] += int(step.info.get("tool_calls", 0))
-        if step.info.get("failure") == "model":
-          tracker[b].model(str(step.info.get("reason", "protocol error")))
-        if step.done:
-          success[b] = bool(step.info.get("success", step.reward > 0))
-          tracker[b].finish(success[b])
-          pending[b] = None
-        else:
-          pending[b] = self.framing.next(step.observation)
-          transcripts[b] += f"\n<obs> {step.observation}"
+        step, pending[b], shown = self._observe(tracker[b], out)
+        transcripts[b] += shown
+        if step is not None:
+          returns[b] += step.reward
+          calls[b] += step.calls
+          success[b] = step.done and step.success
     for b in range(B):
       if pending[b] is not None:  # still talking when the turns ran out
         tracker[b].model("turn limit")

@@ -8,6 +8,17 @@
 - environment: the environment raised, hung, or its worker died; a reset failed; a tool's own infrastructure
   failed. Not the policy's doing, so the episode is masked from the gradient and counted, never scored 0.
 
+Observations that cannot become tokens (rl_lm/envs/episodes.py `Framing.frame`): not text (a lone surrogate),
+refused by the tokenizer (a character outside its alphabet), or oversized. The episode ends there, with the
+reason `UNFRAMED`: ..., charged to whoever produced the text (`observation_source`): the first observation is
+the environment's own (its reset); a later one is the model's when its step made a tool call (a tool's output
+is a function of the policy's input: the program it wrote, the expression it typed; the environment's wording
+around that output counts with it), else the environment's. Two exceptions, the environment's whatever the
+text: an observation that is not a `str` at all (the interface is broken), and the chat template's renderer
+failing (`ChatTemplateError`: it raised, ran out of time or size). So a policy cannot make the trainer raise,
+nor raise the environment-failure rate (an alarm, and masked episodes it would not be judged on) by steering a
+tool's output; an environment that emits what cannot be framed is found and counted.
+
 Precedence: an environment failure anywhere makes the episode an environment failure (whatever the policy did
 before, the episode was cut short by the environment); otherwise a success is a success (the policy recovered
 from any mistake of its own); otherwise a model failure, if any, names it; otherwise the task was failed. The
@@ -17,10 +28,16 @@ label's reason says what happened.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rl_lm.envs import text as text_lib
 
 OUTCOMES = ("success", "task", "model", "environment")
 REPEATS = 3  # the same turn this many times running is a loop
 PERIOD_MAX, PERIOD_REPEATS = 16, 4  # a cut turn ending in a block of <= 16 tokens repeated >= 4 times is a loop
+UNFRAMED = "unframed observation"  # the reason's prefix when an observation could not become tokens
+REASON_CHARS = 300  # a reason is kept for logs and statuses: bounded, and `text.visible`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +60,20 @@ def periodic_tail(tokens: list[int], period_max: int = PERIOD_MAX, repeats: int 
   return False
 
 
+def observation_source(info: Mapping[str, Any]) -> str:
+  """Who produced a step's observation (the module docstring): "model" when the step made a tool call
+  (`info["tool_calls"]` > 0), else "environment"."""
+  try:
+    calls = int(info.get("tool_calls", 0))
+  except (TypeError, ValueError):
+    calls = 0
+  return "model" if calls > 0 else "environment"
+
+
+def _reason(reason: str) -> str:
+  return text_lib.clip(text_lib.visible(str(reason)), REASON_CHARS)
+
+
 class Tracker:
   """One episode's account, fed by the episode runner as it goes; `verdict()` at the end."""
 
@@ -55,10 +86,16 @@ class Tracker:
     self.injected = False  # an injected crash or hang reached this episode (for measuring the classifier)
 
   def environment(self, reason: str) -> None:
-    self._env = self._env or reason
+    self._env = self._env or _reason(reason)
 
   def model(self, reason: str) -> None:
-    self._model = self._model or reason
+    self._model = self._model or _reason(reason)
+
+  def fail(self, verdict: Verdict) -> None:
+    """Records a model or environment failure given as a verdict (e.g. `Framing.frame`'s)."""
+    if verdict.outcome not in ("model", "environment"):
+      raise ValueError(f"Tracker.fail takes a model or environment verdict, got {verdict.outcome!r}")
+    (self.model if verdict.outcome == "model" else self.environment)(verdict.reason)
 
   def turn(self, tokens: list[int], text: str, stopped: bool) -> None:
     self._turns.append(text)

@@ -5,7 +5,10 @@ Each policy turn is either a call `[python(program)]` (rl_lm/envs/tools.py's gra
 program's standard output (or its error) in the code sandbox, or the final answer, checked by the maths verifier
 (rl_lm/rewards/maths.py: the answer extraction that refuses hedged and negated answers): reward 1 or 0, and the
 episode ends. A malformed call ends the episode as the policy's failure. The sandbox failing to run a program
-at all is the environment's failure (`tools.ToolInfraError` propagates, and the episode is masked).
+at all is the environment's failure (`tools.ToolInfraError` propagates, and the episode is masked). A call's
+step reports `tool_calls`, so its observation counts as the policy's output: one the tokenizer cannot take (a
+program that prints characters outside the character tokenizer's alphabet) ends the episode as the model's
+failure (rl_lm/envs/failures.py), never the run.
 """
 
 from __future__ import annotations

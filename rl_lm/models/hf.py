@@ -261,6 +261,20 @@ def _tensors(cfg: ModelConfig) -> list[_Tensor]:
   return out
 
 
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """The Hugging Face name and shape of every tensor `load` needs for `cfg` (not the all-zero o_proj bias of a
+  Llama with attention bias, which it also accepts)."""
+  shapes = transformer.param_shapes(cfg)
+  out = {}
+  for t in _tensors(cfg):
+    shape = tuple(_get(shapes, t.path))
+    if "{l}" in t.hf_name:
+      out.update({t.hf_name.format(l=i): _hf_shape(shape[1:], t.n_in) for i in range(cfg.n_layers)})
+    else:
+      out[t.hf_name] = _hf_shape(shape, t.n_in)
+  return out
+
+
 def _o_proj_bias(cfg: ModelConfig) -> bool:
   """Whether the HF model has an o_proj bias (Llama with attention_bias) that we keep at zero."""
   return cfg.architecture == "llama" and cfg.qkv_bias

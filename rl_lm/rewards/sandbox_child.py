@@ -149,16 +149,6 @@ def decode(x: object, depth: int = 0) -> object:
 # --- confinement (runs before any untrusted code) ------------------------------------------------
 
 
-def _own_sched() -> list[int]:
-  """[ns on a CPU, ns waiting for one] of this thread so far (the parent's baseline for its overload test)."""
-  try:
-    with open("/proc/self/schedstat") as f:
-      run_ns, wait_ns, _ = f.read().split()
-    return [int(run_ns), int(wait_ns)]
-  except (OSError, ValueError):
-    return [0, 0]
-
-
 def _count_own_processes() -> int:
   uid, n = os.getuid(), 0
   for name in os.listdir("/proc"):
@@ -356,6 +346,16 @@ def _readable_roots() -> list[str]:
   return [stdlib, *dynload, os.path.abspath(sys.argv[0]), "/dev/null", "/dev/zero", "/dev/urandom"]
 
 
+def _flush_output() -> None:
+  """The program's buffered stdout and stderr written to their files now: the parent reads them once the checker
+  has its verdict, and may stop this process before it exits (when Python would have flushed them)."""
+  for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except BaseException:  # noqa: B036, S110 - a stream the program closed or replaced holds nothing to lose
+      pass
+
+
 def candidate_main(cfg: dict) -> None:
   """Confines this process, tells the checker it started, runs the untrusted program, serves calls."""
   call_fd, reply_fd, max_bytes = cfg["call_fd"], cfg["reply_fd"], cfg["limits"]["max_message_bytes"]
@@ -363,7 +363,7 @@ def candidate_main(cfg: dict) -> None:
   if cfg["audit_hook"]:
     install_audit_hook(cfg["workdir"], _readable_roots())
     layers.append("audit-hook")
-  send(reply_fd, {"t": "layers", "layers": layers, "sched": _own_sched()})  # the program's clock starts now
+  send(reply_fd, {"t": "layers", "layers": layers})  # the program's clock starts now
   program, entry_points = cfg["program"], cfg["entry_points"]
   cfg = None  # drop everything the program need not see
   try:
@@ -376,8 +376,10 @@ def candidate_main(cfg: dict) -> None:
     exec(code, ns)
   except BaseException as e:  # noqa: B036 - SystemExit and friends are failures of the program
     status = "memory_limit" if isinstance(e, MemoryError) else "runtime_error"
+    _flush_output()
     send(reply_fd, {"t": "load", "status": status, "detail": _describe(e)})
     return
+  _flush_output()
   send(reply_fd, {"t": "ready"})
   while True:
     try:
@@ -394,6 +396,7 @@ def candidate_main(cfg: dict) -> None:
       reply = {"t": "ret", "value": encode(value)}
     except BaseException as e:  # noqa: B036
       reply = {"t": "exc", "type": type(e).__name__, "detail": _describe(e)}
+    _flush_output()  # before the reply: the checker's verdict follows it
     send(reply_fd, reply)
 
 
@@ -479,12 +482,11 @@ def checker_main(cfg: dict) -> None:
     first = recv(link["reply_fd"], link["max_bytes"])
     if not (isinstance(first, dict) and first.get("t") == "layers"):
       raise ProtocolError("no layers message")
-    sched = [int(x) for x in first.get("sched", [0, 0])][:2]
-  except (CandidateDied, ProtocolError, TypeError, ValueError) as e:
+  except (CandidateDied, ProtocolError) as e:
     report("sandbox_error", f"the candidate harness failed while confining itself: {e}")
     return
   layers = [str(x)[:80] for x in first.get("layers", [])][:40]
-  send(result_fd, {"t": "started", "layers": layers, "sched": {"candidate": sched, "checker": _own_sched()}})
+  send(result_fd, {"t": "started", "layers": layers})
   try:
     first = recv(link["reply_fd"], link["max_bytes"])
   except CandidateDied:

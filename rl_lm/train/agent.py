@@ -106,7 +106,8 @@ class Agent:
     return batch, fields
 
   def metrics(self, batches: Sequence[episodes.EpisodeBatch]) -> dict[str, float]:
-    """episodes/* over every batch of the step: failure fractions by class, turns, tool calls; faults/* when
+    """episodes/* over every batch of the step: failure fractions by class (and of them, the episodes an
+    observation that could not be framed ended, `failures.UNFRAMED`), turns, tool calls; faults/* when
     faults are injected (the classifier's precision and recall on the injected crashes and hangs)."""
     verdicts = [v for b in batches for v in b.verdicts]
     n = max(len(verdicts), 1)
@@ -114,6 +115,8 @@ class Agent:
     out = {f"episodes/failure_{name}": sum(v.outcome == outcome for v in verdicts) / n
            for name, outcome in (("task", "task"), ("model", "model"), ("env", "environment"))}
     out["episodes/success_rate"] = sum(v.outcome == "success" for v in verdicts) / n
+    # Of the model and environment failures: episodes ended by an observation that could not become tokens.
+    out["episodes/unframed_observations"] = sum(v.reason.startswith(failures.UNFRAMED) for v in verdicts) / n
     out["episodes/turns_mean"] = float(np.mean(np.concatenate([b.turns for b in batches])))
     out["episodes/tool_calls_mean"] = float(np.mean(calls))
     out["episodes/tool_call_rate"] = float(np.mean(calls > 0))
