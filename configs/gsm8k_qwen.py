@@ -5,7 +5,7 @@
 
 Sized for one GPU (about 80 GB) or a TPU slice: bfloat16 compute, parameters sharded over an fsdp
 axis that takes every device, 64 prompts x 8 samples per step. The data are the GSM8K JSONL files
-(`config.task.data_dir`, default ../shared/data/gsm8k) or the TFDS builder where its data exist.
+(`config.task.data_dir`, default data/gsm8k in the repository) or the TFDS builder where its data exist.
 
 Variant `tiny` runs here on CPU in a couple of minutes: a random `tiny` model with the character
 tokenizer on the GSM8K prompts that fit its 256-token window. It checks the plumbing (data,

@@ -30,9 +30,8 @@ from rl_lm.rewards.code import (
 from rl_lm.rewards.jail import private_tmpfs_argv, seccomp_program
 from rl_lm.rewards.sandbox_child import Unencodable, decode, encode
 from rl_lm.tasks.base import Problem
-from rl_lm.tasks.humaneval import HumanEvalTask, default_path
+from rl_lm.tasks.humaneval import HumanEvalTask
 
-needs_humaneval = pytest.mark.skipif(not default_path().exists(), reason="../shared/data/humaneval absent")
 ADD = "def add(a, b):\n  return a + b\n"
 SPIN = ("timeout", "overloaded")  # a spinning program on a host too loaded to give it its time is masked
 
@@ -189,7 +188,6 @@ def test_fenced_completion_is_a_whole_solution():
   assert Sandbox().run(job_for(p, "```python\ndef add(a, b):\n    return a + b\n```")).status == "passed"
 
 
-@needs_humaneval
 def test_humaneval_subset(sandbox):
   problems = HumanEvalTask().test_problems()[:12] + [HumanEvalTask().problems()[i] for i in (32, 38, 50)]
   good = sandbox.run_many([job_for(p, p.reference) for p in problems])
@@ -334,7 +332,6 @@ def test_cleanup_survives_a_deep_folder_tree(tmp_path):
 
 
 @pytest.mark.slow
-@needs_humaneval
 def test_humaneval_canonical_pass_and_broken_variants_fail():
   """Acceptance: 164/164 canonical solutions pass; every broken body (pass, return None, return 0) fails."""
   problems = HumanEvalTask().test_problems()

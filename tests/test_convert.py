@@ -103,12 +103,9 @@ def _texts() -> list[str]:
            "   leading spaces", "trailing spaces   ", "tabs\t\tand\nnew\n\n\nlines", " " * 17, "\n\n", "",
            "x = 12345678901234567890 + 3.14159 - 0.5e-3", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
            "<|endoftext|><repo_name>a<file_sep>b", "<|im_start|>", "<|im_end|>", "<|im_start|><|im_end|>"]
-  gsm = default_data_dir() / "test.jsonl"
-  if gsm.exists():
-    with open(gsm) as f:
-      texts += [json.loads(line)["question"] for line, _ in zip(f, range(40), strict=False)]
-  if default_path().exists():
-    texts += [r["prompt"] for r in load_humaneval()[:20]]
+  with open(default_data_dir() / "test.jsonl") as f:  # the data shipped with the repository
+    texts += [json.loads(line)["question"] for line, _ in zip(f, range(40), strict=False)]
+  texts += [r["prompt"] for r in load_humaneval(default_path())[:20]]
   return texts
 
 

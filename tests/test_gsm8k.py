@@ -15,7 +15,6 @@ from rl_lm.tasks.base import DataError
 from rl_lm.tasks.gsm8k import (
   TEMPLATES,
   GSM8KTask,
-  default_data_dir,
   get_template,
   gold_answer,
   load_gsm8k,
@@ -23,8 +22,6 @@ from rl_lm.tasks.gsm8k import (
   to_ascii,
 )
 from rl_lm.tokenizer import CharTokenizer
-
-needs_data = pytest.mark.skipif(not (default_data_dir() / "test.jsonl").exists(), reason="../shared/data/gsm8k absent")
 
 
 def test_gold_answer_is_the_number_after_hashes():
@@ -48,7 +45,6 @@ def test_templates_are_selectable():
     get_template("nonsense")
 
 
-@needs_data
 def test_jsonl_loading_and_problems():
   records = load_gsm8k("test", source="jsonl")
   assert len(records) == 1319
@@ -64,7 +60,6 @@ def test_jsonl_loading_and_problems():
   assert all("," not in q.answer for q in problems)
 
 
-@needs_data
 def test_train_stream_is_seeded_and_ascii_option_fits_char_tokenizer():
   task = GSM8KTask(ascii_text=True)
   a = [p.id for p in task.train_problems(50, seed=1)]
@@ -123,7 +118,6 @@ def test_an_empty_or_undecodable_file_is_named(tmp_path):
   assert str(e.value) == f"{tmp_path}/test.jsonl:2: not UTF-8 text (byte 0xff at column 15)"
 
 
-@needs_data
 def test_all_test_references_score_one_and_changed_answers_zero():
   """Acceptance: 1,319/1,319 references score 1; with the final number changed, 0/1,319."""
   problems = GSM8KTask().test_problems()

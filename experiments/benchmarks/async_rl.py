@@ -7,7 +7,7 @@
 Tasks:
 - default: `configs/default.py`'s RL stage (tiny model, arithmetic, exact verifier: scoring takes milliseconds),
   from random weights (timing only).
-- code: HumanEval prompts (../shared/data/humaneval: the 45 in ASCII under 300 characters) scored by running each
+- code: HumanEval prompts (data/humaneval: the 45 in ASCII under 300 characters) scored by running each
   completion against the problem's tests in the code sandbox (`reward.weights = {"code": 1.0}`, one sandbox
   worker); 8 prompts x 4 samples, 128 new tokens; tiny character model from random weights: its completions are
   junk, but each still costs a sandboxed run, which is what makes scoring slow. HumanEval has no training split;

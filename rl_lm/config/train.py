@@ -20,7 +20,7 @@ class Task(Section):
   decimal_demos: float = knob(0.0, "[0, 1]")  # arithmetic: share of SFT targets written "33.0" (imperfect demos)
   digits: int = knob(3, "(0, inf)")  # products: digits of each factor
   tool_demos: float = knob(0.5, "[0, 1]")  # products: share of SFT demonstrations that call the calculator
-  data_dir: str = knob("", folder)  # gsm8k / humaneval: folder of the JSONL files ("" = ../shared/data/<task>)
+  data_dir: str = knob("", folder)  # gsm8k / humaneval: folder of the JSONL files ("" = data/<task> in the repository)
   template: str = "plain"  # plain | chat (the checkpoint's chat template frames the prompt as a user turn; any
   #                          task but preferences, needs an hf tokenizer) | gsm8k only: a string with {question}
   pool_size: int = knob(4000, "(0, inf)")  # training prompts the curriculum draws from (procedural tasks)

@@ -44,7 +44,7 @@ from rl_lm.rewards.maths import MathsReward
 from rl_lm.rewards.registry import RewardResult
 from rl_lm.tasks import arithmetic
 from rl_lm.tasks.arithmetic import ArithmeticTask
-from rl_lm.tasks.base import Problem, shared_data_dir
+from rl_lm.tasks.base import Problem, bundled_data_dir
 from rl_lm.tasks.gsm8k import GSM8KTask
 from rl_lm.tasks.humaneval import HumanEvalTask
 
@@ -791,7 +791,7 @@ def probe_env() -> Iterator[ProbeEnv]:
   helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
   old = os.environ.get("RL_LM_AUDIT_CANARY")
   os.environ["RL_LM_AUDIT_CANARY"] = canary  # must not reach the sandbox's environment
-  data = shared_data_dir() / "humaneval" / "HumanEval.jsonl.gz"
+  data = bundled_data_dir() / "humaneval" / "HumanEval.jsonl.gz"
   with tempfile.TemporaryDirectory(prefix="rl_lm_audit_outside_") as outside, \
        tempfile.TemporaryDirectory(prefix="rl_lm_audit_copy_") as copies:
     (Path(outside) / "sentinel.txt").write_text(canary)

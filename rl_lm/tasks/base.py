@@ -72,9 +72,9 @@ class Task(Protocol):
     ...
 
 
-def shared_data_dir() -> Path:
-  """The shared data folder, `../shared/data` relative to the repository root (may not exist)."""
-  return Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+def bundled_data_dir() -> Path:
+  """The data shipped with the repository (`data/` at its root: GSM8K and HumanEval, with their licences)."""
+  return Path(__file__).resolve().parents[2] / "data"
 
 
 def read_jsonl(path: str | os.PathLike[str], required: Sequence[str] = (), what: str = "records"

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_lm.tasks.base import DataError, Problem, read_jsonl, shared_data_dir
+from rl_lm.tasks.base import DataError, Problem, bundled_data_dir, read_jsonl
 
 TASK_NAME = "gsm8k"
 _ANNOTATION_RE = re.compile(r"<<[^<>]*>>")
@@ -89,8 +89,8 @@ def strip_annotations(solution: str) -> str:
 
 
 def default_data_dir() -> Path:
-  """`../shared/data/gsm8k` relative to the repository root."""
-  return shared_data_dir() / "gsm8k"
+  """`data/gsm8k` in the repository (shipped with it)."""
+  return bundled_data_dir() / "gsm8k"
 
 
 def _load_jsonl(path: Path) -> list[dict[str, str]]:
@@ -124,7 +124,7 @@ def load_gsm8k(split: str = "test", source: str = "auto", data_dir: str | Path |
     split: "train" or "test".
     source: "jsonl" (files `<data_dir>/<split>.jsonl`), "tfds" (a prepared TFDS `gsm8k` builder in
       `data_dir`, never downloaded), or "auto" (JSONL when the file exists, else TFDS).
-    data_dir: folder of the JSONL files (default `../shared/data/gsm8k`) or TFDS data dir.
+    data_dir: folder of the JSONL files (default `data/gsm8k` in the repository) or TFDS data dir.
 
   Raises DataError naming the file and line of a record it cannot read, or the file (or TFDS split)
   when it holds no problems.

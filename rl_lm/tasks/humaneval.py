@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rl_lm.tasks.base import DataError, Problem, read_jsonl, shared_data_dir
+from rl_lm.tasks.base import DataError, Problem, bundled_data_dir, read_jsonl
 
 TASK_NAME = "humaneval"
 FILE_NAMES = ("HumanEval.jsonl.gz", "HumanEval.jsonl")  # looked for, in this order, in a data folder
@@ -23,8 +23,8 @@ FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
 
 def default_path() -> Path:
-  """`../shared/data/humaneval/HumanEval.jsonl.gz` relative to the repository root."""
-  return shared_data_dir() / "humaneval" / FILE_NAMES[0]
+  """`data/humaneval/HumanEval.jsonl.gz` in the repository (shipped with it)."""
+  return bundled_data_dir() / "humaneval" / FILE_NAMES[0]
 
 
 def path_in(data_dir: str | Path) -> Path:
