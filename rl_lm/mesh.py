@@ -169,10 +169,17 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, named_sharding(mesh, logical, rules, x.shape))
 
 
+def abstract_init(init_fn: Callable[[jax.Array], Any], axes: Any, mesh: Mesh, rules: Rules,
+                  rng: jax.Array | None = None) -> Any:
+  """What `sharded_init` creates, as ShapeDtypeStructs carrying their shardings: nothing is allocated."""
+  abstract = jax.eval_shape(init_fn, jax.random.key(0) if rng is None else rng)
+  shardings = tree_shardings(mesh, rules, abstract, axes)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
 def sharded_init(init_fn: Callable[[jax.Array], Any], axes: Any, mesh: Mesh, rules: Rules, rng: jax.Array) -> Any:
   """Creates parameters already sharded: eval_shape -> shardings -> jit(init, out_shardings)."""
-  abstract = jax.eval_shape(init_fn, rng)
-  shardings = tree_shardings(mesh, rules, abstract, axes)
+  shardings = jax.tree.map(lambda a: a.sharding, abstract_init(init_fn, axes, mesh, rules, rng))
   return jax.jit(init_fn, out_shardings=shardings)(rng)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,64 +31,82 @@ from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
 
 
+class Queue(NamedTuple):
+  """The prompts of one call, served in order, and their settings."""
+
+  prompts: jax.Array  # [Q, P] int32, right-padded
+  prompt_lengths: jax.Array  # [Q] int32
+  rng: jax.Array  # prompt q's token j is drawn with fold_in(fold_in(rng, q), j)
+  stop_tokens: jax.Array  # [Q, K] int32
+  max_new_tokens: jax.Array  # [Q] int32
+
+
+def start(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, slots: int, queue: Queue) -> dict[str, Any]:
+  """The loop state before the first step: the first min(slots, Q) prompts in the slots, an empty cache.
+
+  Slot state: the prompt it serves (q, -1: idle), the cache slot of the token it feeds this step (t), that token
+  (cur); the queue's next prompt (next_q); the results so far, one row per prompt (tokens, logp, valid, stopped)."""
+  Q, P = queue.prompts.shape
+  N, B = cfg.max_new_tokens, min(slots, Q)
+  cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
+  cache = transformer.init_cache(model_cfg, B, P + N, cache_dtype)
+  first = jnp.arange(B, dtype=jnp.int32)
+  return dict(
+    q=first, t=jnp.zeros((B,), jnp.int32), cur=queue.prompts[first, 0], next_q=jnp.int32(B), cache=cache,
+    tokens=jnp.full((Q, N), cfg.pad_id, jnp.int32), logp=jnp.zeros((Q, N), jnp.float32),
+    valid=jnp.zeros((Q, N), bool), stopped=jnp.zeros((Q,), bool),
+  )
+
+
+def step(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, queue: Queue, state: dict[str, Any]
+         ) -> dict[str, Any]:
+  """One token through every slot (a prompt token or the token it drew), then the slots whose rows ended refill."""
+  Q, P = queue.prompts.shape
+  prompts, prompt_lengths, rng = queue.prompts, queue.prompt_lengths, queue.rng
+  cache_slots = jnp.arange(P + cfg.max_new_tokens)[None, :]
+  q, t = state["q"], state["t"]
+  active = q >= 0
+  qs = jnp.maximum(q, 0)
+  length = prompt_lengths[qs]
+  kv_mask = (cache_slots <= t[:, None]) & active[:, None]  # [B, S]: the row's tokens so far, this one included
+  logits, cache = transformer.forward_cached(model_cfg, params, state["cur"][:, None], t[:, None], state["cache"],
+                                             t, kv_mask)
+  j = t + 1 - length  # completion index of the token these logits draw (< 0: still in the prompt)
+  drawing = active & (j >= 0)
+  keys = jax.vmap(lambda qq, jj: jax.random.fold_in(jax.random.fold_in(rng, qq), jj))(qs, jnp.maximum(j, 0))
+  tok, logp = sampling.sample_token(logits[:, 0], keys, cfg)
+  at_q, at_j = jnp.where(drawing, qs, Q), jnp.maximum(j, 0)  # row Q is out of range: dropped
+  hit = jnp.any(tok[:, None] == queue.stop_tokens[qs], axis=-1)
+  ends = drawing & (hit | (j + 1 >= queue.max_new_tokens[qs]))
+  new = dict(
+    tokens=state["tokens"].at[at_q, at_j].set(tok, mode="drop"),
+    logp=state["logp"].at[at_q, at_j].set(logp, mode="drop"),
+    valid=state["valid"].at[at_q, at_j].set(True, mode="drop"),
+    stopped=state["stopped"].at[jnp.where(ends, qs, Q)].set(hit, mode="drop"),
+  )
+  prompt_next = prompts[qs, jnp.minimum(t + 1, P - 1)]
+  cur = jnp.where(drawing, tok, prompt_next)
+  # Refill: every slot whose row just ended takes the next queued prompt, in slot order.
+  rank = jnp.cumsum(ends.astype(jnp.int32)) - 1
+  take = ends & (state["next_q"] + rank < Q)
+  new_q = jnp.where(take, state["next_q"] + rank, jnp.where(ends, -1, q))
+  return dict(
+    q=new_q, t=jnp.where(take, 0, t + 1), cur=jnp.where(take, prompts[jnp.minimum(new_q, Q - 1), 0], cur),
+    next_q=state["next_q"] + jnp.sum(take).astype(jnp.int32), cache=cache, **new,
+  )
+
+
 def _generate(
   model_cfg: ModelConfig, cfg: sampling.SamplingConfig, slots: int, params: Any, prompts: jax.Array,
   prompt_lengths: jax.Array, rng: jax.Array, stop_tokens: jax.Array, max_new_tokens: jax.Array,
 ) -> sampling.Rollout:
   Q, P = prompts.shape
-  N, B = cfg.max_new_tokens, min(slots, Q)
-  S = P + N
-  prompts = prompts.astype(jnp.int32)
-  prompt_lengths = prompt_lengths.astype(jnp.int32)
-  cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
-  cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
-  cache_slots = jnp.arange(S)[None, :]
-
-  # Slot state: the prompt it serves (-1: idle), the cache slot of the token it feeds this step, that token.
-  first = jnp.arange(B, dtype=jnp.int32)
-  state = dict(
-    q=first, t=jnp.zeros((B,), jnp.int32), cur=prompts[first, 0], next_q=jnp.int32(B), cache=cache,
-    tokens=jnp.full((Q, N), cfg.pad_id, jnp.int32), logp=jnp.zeros((Q, N), jnp.float32),
-    valid=jnp.zeros((Q, N), bool), stopped=jnp.zeros((Q,), bool),
-  )
-
-  def cond(state):
-    return jnp.any(state["q"] >= 0)
-
-  def body(state):
-    q, t = state["q"], state["t"]
-    active = q >= 0
-    qs = jnp.maximum(q, 0)
-    length = prompt_lengths[qs]
-    kv_mask = (cache_slots <= t[:, None]) & active[:, None]  # [B, S]: the row's tokens so far, this one included
-    logits, cache = transformer.forward_cached(model_cfg, params, state["cur"][:, None], t[:, None], state["cache"],
-                                               t, kv_mask)
-    j = t + 1 - length  # completion index of the token these logits draw (< 0: still in the prompt)
-    drawing = active & (j >= 0)
-    keys = jax.vmap(lambda qq, jj: jax.random.fold_in(jax.random.fold_in(rng, qq), jj))(qs, jnp.maximum(j, 0))
-    tok, logp = sampling.sample_token(logits[:, 0], keys, cfg)
-    at_q, at_j = jnp.where(drawing, qs, Q), jnp.maximum(j, 0)  # row Q is out of range: dropped
-    hit = jnp.any(tok[:, None] == stop_tokens[qs], axis=-1)
-    ends = drawing & (hit | (j + 1 >= max_new_tokens[qs]))
-    new = dict(
-      tokens=state["tokens"].at[at_q, at_j].set(tok, mode="drop"),
-      logp=state["logp"].at[at_q, at_j].set(logp, mode="drop"),
-      valid=state["valid"].at[at_q, at_j].set(True, mode="drop"),
-      stopped=state["stopped"].at[jnp.where(ends, qs, Q)].set(hit, mode="drop"),
-    )
-    prompt_next = prompts[qs, jnp.minimum(t + 1, P - 1)]
-    cur = jnp.where(drawing, tok, prompt_next)
-    # Refill: every slot whose row just ended takes the next queued prompt, in slot order.
-    rank = jnp.cumsum(ends.astype(jnp.int32)) - 1
-    take = ends & (state["next_q"] + rank < Q)
-    new_q = jnp.where(take, state["next_q"] + rank, jnp.where(ends, -1, q))
-    return dict(
-      q=new_q, t=jnp.where(take, 0, t + 1), cur=jnp.where(take, prompts[jnp.minimum(new_q, Q - 1), 0], cur),
-      next_q=state["next_q"] + jnp.sum(take).astype(jnp.int32), cache=cache, **new,
-    )
-
-  state = jax.lax.while_loop(cond, body, state)
-  aligned, prompt_mask = sampling.right_align(prompts, prompt_lengths)
+  N = cfg.max_new_tokens
+  queue = Queue(prompts.astype(jnp.int32), prompt_lengths.astype(jnp.int32), rng, stop_tokens, max_new_tokens)
+  state = start(model_cfg, cfg, slots, queue)
+  state = jax.lax.while_loop(lambda state: jnp.any(state["q"] >= 0),
+                             functools.partial(step, model_cfg, cfg, params, queue), state)
+  aligned, prompt_mask = sampling.right_align(queue.prompts, queue.prompt_lengths)
   zeros = jnp.zeros((Q, P), bool)
   return sampling.Rollout(
     tokens=jnp.concatenate([aligned, state["tokens"]], axis=1),
@@ -100,15 +118,22 @@ def _generate(
   )
 
 
+def jit_generate(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, slots: int,
+                 mesh: jax.sharding.Mesh | None = None, rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES
+                 ) -> Callable[..., sampling.Rollout]:
+  """`sampling.jit_generate` with `slots` cache rows shared by the prompts in turn (what `make_generate_fn` calls)."""
+  if slots < 1:
+    raise ValueError(f"slots must be positive, got {slots}")
+  return jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg, slots), mesh, rules))
+
+
 def make_generate_fn(
   model_cfg: ModelConfig, cfg: sampling.SamplingConfig, slots: int, mesh: jax.sharding.Mesh | None = None,
   rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES,
 ) -> Callable[..., sampling.Rollout]:
   """`sampling.make_generate_fn`'s signature and result, with `slots` cache rows shared by the prompts in turn:
   `fn(params, prompts [Q, P], prompt_lengths [Q], rng, stop_tokens=None, max_new_tokens=None) -> Rollout [Q]`."""
-  if slots < 1:
-    raise ValueError(f"slots must be positive, got {slots}")
-  jitted = jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg, slots), mesh, rules))
+  jitted = jit_generate(model_cfg, cfg, slots, mesh, rules)
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> sampling.Rollout:
     stop_tokens, max_new_tokens = sampling.stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)

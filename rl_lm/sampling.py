@@ -175,10 +175,40 @@ def right_align(prompts: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.
   return jnp.where(valid, aligned, 0), valid
 
 
-def _generate(
+class Batch(NamedTuple):
+  """What every decode step of one generate call reads: the right-aligned prompts and the call's settings."""
+
+  prompts: jax.Array  # [B, P] int32, each prompt pushed to the right edge of its P slots
+  prompt_mask: jax.Array  # [B, P] bool
+  prompt_lengths: jax.Array  # [B] int32
+  kv_mask: jax.Array  # [B, P + N] bool: the prompt's cache slots (a step adds the completion's so far)
+  rng: jax.Array  # the call's key: token i is drawn with fold_in(rng, i)
+  stop_tokens: jax.Array  # [B, K] int32
+  max_new_tokens: jax.Array  # [B] int32
+
+
+class DecodeState(NamedTuple):
+  """The decode loop's carry: completion token i - 1 is drawn and is fed next."""
+
+  i: jax.Array  # [] int32: the completion index the next step draws
+  cache: transformer.KVCache
+  prev: jax.Array  # [B] int32: the token drawn last
+  done: jax.Array  # [B] bool: the row draws no more
+  stopped: jax.Array  # [B] bool: the row emitted a stop token
+  tokens: jax.Array  # [B, N] int32
+  logp: jax.Array  # [B, N] float32
+  valid: jax.Array  # [B, N] bool
+
+
+def _is_stop(batch: Batch, tok: jax.Array) -> jax.Array:  # [B] -> [B]
+  return jnp.any(tok[:, None] == batch.stop_tokens, axis=-1)
+
+
+def prefill(
   model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
   rng: jax.Array, stop_tokens: jax.Array, max_new_tokens: jax.Array,
-) -> Rollout:
+) -> tuple[Batch, DecodeState]:
+  """PREFILL: the whole prompt at slots [0, P) of a fresh cache, token 0 drawn from the last slot's logits."""
   B, P = prompts.shape
   N = cfg.max_new_tokens
   S = P + N
@@ -187,13 +217,9 @@ def _generate(
   prompts = mesh_lib.constrain(prompts, ("batch", "length"))
   cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
   cache = transformer.init_cache(model_cfg, B, S, cache_dtype)
-  slots = jnp.arange(S)[None, :]
   base_kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((B, N), bool)], axis=1)  # [B, S]
+  batch = Batch(prompts, prompt_mask, prompt_lengths, base_kv_mask, rng, stop_tokens, max_new_tokens)
 
-  def is_stop(tok):  # [B] -> [B]
-    return jnp.any(tok[:, None] == stop_tokens, axis=-1)
-
-  # PREFILL: the whole prompt at slots [0, P), first token drawn from the last slot's logits.
   logits, cache = transformer.forward_cached(
     model_cfg, params, prompts, transformer.positions_from_mask(prompt_mask), cache, 0, base_kv_mask,
     last_only=True, window=P,
@@ -202,49 +228,61 @@ def _generate(
   out_tokens = jnp.full((B, N), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
   out_logp = jnp.zeros((B, N), jnp.float32).at[:, 0].set(logp)
   out_valid = jnp.zeros((B, N), bool).at[:, 0].set(True)
-  stopped = is_stop(tok)
+  stopped = _is_stop(batch, tok)
   done = stopped | (max_new_tokens <= 1)
+  return batch, DecodeState(jnp.int32(1), cache, tok, done, stopped, out_tokens, out_logp, out_valid)
 
-  # DECODE: feed token i-1 at slot P+i-1, draw token i, until every row is done or N tokens are drawn. The
-  # steps run in segments of growing attention windows (`decode_windows`), so a step attends over about
-  # the filled part of the cache rather than all S slots.
-  def step(window, carry):
-    i, cache, prev, done, stopped, out_tokens, out_logp, out_valid = carry
-    kv_mask = base_kv_mask | ((slots >= P) & (slots < P + i))
-    positions = (prompt_lengths + i - 1)[:, None]
-    logits, cache = transformer.forward_cached(
-      model_cfg, params, prev[:, None], positions, cache, P + i - 1, kv_mask, window=window
-    )
-    tok, logp = sample_token(logits[:, 0], jax.random.fold_in(rng, i), cfg)
-    live = ~done
-    tok = jnp.where(live, tok, cfg.pad_id)
-    out_tokens = jax.lax.dynamic_update_slice(out_tokens, tok[:, None], (0, i))
-    out_logp = jax.lax.dynamic_update_slice(out_logp, jnp.where(live, logp, 0.0)[:, None], (0, i))
-    out_valid = jax.lax.dynamic_update_slice(out_valid, live[:, None], (0, i))
-    hit = live & is_stop(tok)
-    stopped = stopped | hit
-    done = done | hit | (i + 1 >= max_new_tokens)
-    return i + 1, cache, tok, done, stopped, out_tokens, out_logp, out_valid
 
-  carry = (jnp.int32(1), cache, tok, done, stopped, out_tokens, out_logp, out_valid)
+def decode_step(model_cfg: ModelConfig, cfg: SamplingConfig, window: int, params: Any, batch: Batch,
+                state: DecodeState) -> DecodeState:
+  """DECODE, one step: feed token i - 1 at slot P + i - 1 and draw token i, attending over the first `window` slots
+  of the cache (static; it must hold slot P + i - 1). Rows already done write padding."""
+  P = batch.prompts.shape[1]
+  slots = jnp.arange(batch.kv_mask.shape[1])[None, :]
+  i = state.i
+  kv_mask = batch.kv_mask | ((slots >= P) & (slots < P + i))
+  positions = (batch.prompt_lengths + i - 1)[:, None]
+  logits, cache = transformer.forward_cached(
+    model_cfg, params, state.prev[:, None], positions, state.cache, P + i - 1, kv_mask, window=window
+  )
+  tok, logp = sample_token(logits[:, 0], jax.random.fold_in(batch.rng, i), cfg)
+  live = ~state.done
+  tok = jnp.where(live, tok, cfg.pad_id)
+  out_tokens = jax.lax.dynamic_update_slice(state.tokens, tok[:, None], (0, i))
+  out_logp = jax.lax.dynamic_update_slice(state.logp, jnp.where(live, logp, 0.0)[:, None], (0, i))
+  out_valid = jax.lax.dynamic_update_slice(state.valid, live[:, None], (0, i))
+  hit = live & _is_stop(batch, tok)
+  stopped = state.stopped | hit
+  done = state.done | hit | (i + 1 >= batch.max_new_tokens)
+  return DecodeState(i + 1, cache, tok, done, stopped, out_tokens, out_logp, out_valid)
+
+
+def _generate(
+  model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
+  rng: jax.Array, stop_tokens: jax.Array, max_new_tokens: jax.Array,
+) -> Rollout:
+  B, P = prompts.shape
+  N = cfg.max_new_tokens
+  batch, state = prefill(model_cfg, cfg, params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
+
+  # DECODE: until every row is done or N tokens are drawn. The steps run in segments of growing attention
+  # windows (`decode_windows`), so a step attends over about the filled part of the cache rather than all S slots.
   for window in decode_windows(P, N, cfg.window):
     last = min(N, window - P + 1)  # step i reads slots up to P + i - 1, which must lie in the window
 
-    def cond(carry, last=last):
-      i, _, _, done, *_ = carry
-      return (i < last) & ~jnp.all(done)
+    def cond(state: DecodeState, last: int = last) -> jax.Array:
+      return (state.i < last) & ~jnp.all(state.done)
 
-    carry = jax.lax.while_loop(cond, functools.partial(step, window), carry)
-  _, _, _, _, stopped, out_tokens, out_logp, out_valid = carry
+    state = jax.lax.while_loop(cond, functools.partial(decode_step, model_cfg, cfg, window, params, batch), state)
 
   zeros = jnp.zeros((B, P), bool)
   return Rollout(
-    tokens=jnp.concatenate([prompts, out_tokens], axis=1),
-    prompt_mask=jnp.concatenate([prompt_mask, jnp.zeros((B, N), bool)], axis=1),
-    completion_mask=jnp.concatenate([zeros, out_valid], axis=1),
-    logprobs=jnp.concatenate([jnp.zeros((B, P), jnp.float32), out_logp], axis=1),
-    lengths=jnp.sum(out_valid, axis=1).astype(jnp.int32),
-    finished=stopped,
+    tokens=jnp.concatenate([batch.prompts, state.tokens], axis=1),
+    prompt_mask=jnp.concatenate([batch.prompt_mask, jnp.zeros((B, N), bool)], axis=1),
+    completion_mask=jnp.concatenate([zeros, state.valid], axis=1),
+    logprobs=jnp.concatenate([jnp.zeros((B, P), jnp.float32), state.logp], axis=1),
+    lengths=jnp.sum(state.valid, axis=1).astype(jnp.int32),
+    finished=state.stopped,
   )
 
 
@@ -263,6 +301,13 @@ def stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_t
   return stop_tokens, max_new_tokens
 
 
+def jit_generate(model_cfg: ModelConfig, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None,
+                 rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES) -> Callable[..., Rollout]:
+  """The jitted `(params, prompts [B, P], prompt_lengths [B], rng, stop_tokens [B, K], max_new_tokens [B]) -> Rollout`
+  that `make_generate_fn` calls; ahead-of-time compilation (rl_lm/aot) lowers it with abstract arguments."""
+  return jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg), mesh, rules))
+
+
 def make_generate_fn(
   model_cfg: ModelConfig, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None,
   rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES,
@@ -273,7 +318,7 @@ def make_generate_fn(
   max_new_tokens: [B] or scalar, at most `cfg.max_new_tokens`, default that.
   With a mesh, activations (and the KV cache) are placed by the logical-axis rules.
   """
-  jitted = jax.jit(mesh_lib.bind(functools.partial(_generate, model_cfg, cfg), mesh, rules))
+  jitted = jit_generate(model_cfg, cfg, mesh, rules)
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> Rollout:
     stop_tokens, max_new_tokens = stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)

@@ -39,6 +39,7 @@ PARTS = {  # rl_lm function -> part of a decode step
   "_attend_cache": "attention over the window",
   "attend": "cache write and window read",
   "sample_token": "token draw",
+  "decode_step": "loop bookkeeping",
   "_inverse_cdf": "token draw",
   "_last_positive": "token draw",
   "filter_logits": "token draw",

@@ -110,6 +110,15 @@ PRESETS: dict[str, ModelConfig] = {
     vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, mlp_dim=14336,
     max_seq_len=131072, rope_theta=500000.0, rope_scaling=(8.0, 1.0, 4.0, 8192), rms_eps=1e-5, tie_embeddings=False,
   ),
+  # The pod-scale shapes (rl_lm.aot compiles them for TPU slices; no CPU runs them).
+  "qwen2.5-32b": ModelConfig(
+    vocab_size=152064, d_model=5120, n_layers=64, n_heads=40, n_kv_heads=8, head_dim=128, mlp_dim=27648,
+    max_seq_len=32768, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, tie_embeddings=False, architecture="qwen2",
+  ),
+  "llama-3.1-70b": ModelConfig(
+    vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, mlp_dim=28672,
+    max_seq_len=131072, rope_theta=500000.0, rope_scaling=(8.0, 1.0, 4.0, 8192), rms_eps=1e-5, tie_embeddings=False,
+  ),
 }
 
 

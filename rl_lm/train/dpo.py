@@ -65,10 +65,15 @@ def dpo_loss_fn(model_cfg: Any, cfg: Any):
   return loss_fn
 
 
+def reference_logprobs_fn(model_cfg: Any) -> Any:
+  """jit(params, batch) -> (chosen, rejected) sequence log-probs [B] each: the reference's, computed once."""
+  return jax.jit(lambda p, b: preference.split_pairs(pair_logprobs(model_cfg, p, b)))
+
+
 def reference_logprobs(ctx: Context, params: Any, data: dict[str, np.ndarray], batch_size: int
                        ) -> dict[str, np.ndarray]:
   """ref_chosen_logp / ref_rejected_logp [n] for every pair, in fixed-shape batches."""
-  fn = jax.jit(lambda p, b: preference.split_pairs(pair_logprobs(ctx.model_cfg, p, b)))
+  fn = reference_logprobs_fn(ctx.model_cfg)
   pairs = {k: v for k, v in data.items() if k != "truncated"}
   chosen, rejected = in_batches(lambda _, b: fn(params, b), pairs, batch_size, ctx.mesh, ctx.rules)
   return {"ref_chosen_logp": chosen, "ref_rejected_logp": rejected}

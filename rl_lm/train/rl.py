@@ -203,7 +203,8 @@ class RLTrainer:
       trainable = jax.jit(init, out_shardings=trainable_sh)(jax.random.fold_in(ctx.key, 6))
     else:
       self.reference = stage_run.frozen_copy(ctx.policy)  # never donated
-      trainable, trainable_sh = stage_run.frozen_copy(ctx.policy), ctx.param_shardings
+      trainable, trainable_sh = ctx.policy, ctx.param_shardings  # `state_lib.create` copies it into the state
+      ctx.policy = self.reference  # the same values: the run keeps one copy of the starting weights, not two
     policy_sh = state_lib.state_shardings(self.policy_opt, jax.eval_shape(lambda: trainable), trainable_sh, ctx.mesh)
     policy_state = state_lib.create(trainable, self.policy_opt, ctx.mesh, trainable_sh)
     if self.lora:

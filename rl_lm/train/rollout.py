@@ -36,6 +36,14 @@ def in_batches(fn: Callable[[int, dict[str, jax.Array]], Any], arrays: Mapping[s
   return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *chunks)
 
 
+def embed_sharding(mesh: Mesh, rules: mesh_lib.Rules, shape: Sequence[int]) -> jax.sharding.NamedSharding:
+  """How the sampler holds the embedding table [V, D]: whole along the vocabulary, the layout `transformer._embed`
+  constrains it to before each lookup. Inside the decode loop that constraint is an all-gather of the whole table
+  per token (1 GiB for Llama-3.1-8B in bfloat16 when the vocabulary is sharded); held so, it is one per rollout.
+  Where the vocabulary is not sharded (no tensor axis) this is the table's own sharding and nothing moves."""
+  return mesh_lib.named_sharding(mesh, (None, "embed"), rules, shape)
+
+
 class Sampler:
   """Samples completions for prompt texts with the policy's own (sharded) parameters.
 
@@ -51,6 +59,7 @@ class Sampler:
     self.prompt_len, self.rows = prompt_len, rows
     self._generate = refill.generate_fn(self.model_cfg, scfg, mesh, rules)  # static or continuous batching
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.model_cfg.compute_dtype), p))
+    self._whole_embed: Any = None  # jit(copy of the embedding table, whole along the vocabulary), made when needed
 
   def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids [n, prompt_len] and lengths [n]; a prompt too long is an error."""
@@ -65,13 +74,24 @@ class Sampler:
       lengths[i] = len(ids)
     return out, lengths
 
+  def params(self, params: Any) -> Any:
+    """The policy's parameters as the sampler takes them: in its compute dtype (unless float32) and the embedding
+    table whole along the vocabulary (`embed_sharding`)."""
+    params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
+    target = embed_sharding(self.mesh, self.rules, params["embed"].shape)
+    if not params["embed"].sharding.is_equivalent_to(target, 2):
+      if self._whole_embed is None:  # a jitted copy: it reshards arrays that span several processes too
+        self._whole_embed = jax.jit(lambda x: x, out_shardings=target)
+      params = {**params, "embed": self._whole_embed(params["embed"])}
+    return params
+
   def dispatch(self, params: Any, texts: Sequence[str], rng: jax.Array) -> sampling.Rollout:
     """Starts sampling one completion for each of exactly `rows` texts, for training, and returns at once: the
     rollout is computed on the device (JAX dispatch is asynchronous) while the host goes on."""
     if len(texts) != self.rows:
       raise ValueError(f"Sampler.rollout takes exactly {self.rows} prompts, got {len(texts)}")
     prompts, lengths = self.encode(texts)
-    params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
+    params = self.params(params)
     put = lambda x: mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
     return self._generate(params, put(prompts), put(lengths), jax.random.fold_in(rng, 0))
 
@@ -91,7 +111,7 @@ class Sampler:
   def sample(self, params: Any, texts: Sequence[str], rng: jax.Array) -> dict[str, np.ndarray]:
     """Samples one completion per text. Returns host arrays (see `sampling.Rollout`) plus `texts`."""
     prompts, lengths = self.encode(texts)
-    params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
+    params = self.params(params)
     generate = lambda c, b: self._generate(params, b["prompts"], b["lengths"], jax.random.fold_in(rng, c))
     result = in_batches(generate, {"prompts": prompts, "lengths": lengths}, self.rows, self.mesh, self.rules)._asdict()
     P = self.prompt_len

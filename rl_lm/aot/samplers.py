@@ -1,0 +1,150 @@
+"""The samplers' programs: the whole generate call (its memory) and its pieces (its cost).
+
+A generate call is one prefill and up to N - 1 decode steps in segments of growing attention windows
+(`sampling.decode_windows`). The call is compiled whole for its memory; its cost is the prefill plus every decode
+step, each window's steps costed by interpolating between the decode step compiled at the first and at the last
+window (a step's cost is linear in its window), all N tokens drawn. The decode step over the whole cache is also
+reported alone, against the HBM roofline. With continuous batching (`sampling.slots`) the cost is the refill
+step times the steps a queue of prompts needs at most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rl_lm import mesh as mesh_lib
+from rl_lm import refill, sampling
+from rl_lm.aot import flops
+from rl_lm.aot.programs import Abstract, Call, Program, Term, batch_sds, by_rows, key_sds, replicated_sds, sds
+from rl_lm.models.presets import ModelConfig
+from rl_lm.train import rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+  """One sampler of a stage: its model (the sampler's compute dtype), settings, rows and prompt slots."""
+
+  name: str
+  model: ModelConfig
+  scfg: sampling.SamplingConfig
+  rows: int
+  prompt_len: int
+  params: Callable[[ModelConfig], Any]  # the policy's parameters, for a model config
+  through_sampler: bool = True  # they pass `rollout.Sampler.params` (the "sample" stage calls generate directly)
+
+
+def _inputs(a: Abstract, spec: SamplerSpec) -> tuple:
+  B, P, K = spec.rows, spec.prompt_len, max(len(spec.scfg.stop_tokens), 1)
+  return (batch_sds(a, (B, P), jnp.int32), batch_sds(a, (B,), jnp.int32), key_sds(a),
+          replicated_sds(a, (B, K), jnp.int32), replicated_sds(a, (B,), jnp.int32))
+
+
+def _cast(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Any:
+  """The parameters the sampler's generate is called with: `rollout.Sampler.params` casts them to its compute dtype
+  (unless float32) and holds the embedding table whole along the vocabulary."""
+  params = spec.params(model)
+  if not spec.through_sampler:
+    return params
+  if model.compute_dtype != jnp.float32:
+    params = jax.tree.map(lambda x: sds(x.shape, model.compute_dtype, x.sharding), params)
+  embed = params["embed"]
+  return {**params, "embed": sds(embed.shape, embed.dtype, rollout.embed_sharding(a.mesh, a.rules, embed.shape))}
+
+
+def _prefill_call(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Call:
+  fn = jax.jit(mesh_lib.bind(functools.partial(sampling.prefill, model, spec.scfg), a.mesh, a.rules))
+  return Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
+
+
+def _decode_call(a: Abstract, spec: SamplerSpec, window: int, model: ModelConfig) -> Call:
+  params = _cast(a, spec, model)
+  batch, state = jax.eval_shape(functools.partial(sampling.prefill, model, spec.scfg), params, *_inputs(a, spec))
+  # The loop state is donated: inside the generate loop the cache is written in place, never copied.
+  fn = jax.jit(mesh_lib.bind(functools.partial(sampling.decode_step, model, spec.scfg, window), a.mesh, a.rules),
+               donate_argnums=2)
+  return Call(fn, (params, by_rows(a, batch, spec.rows), by_rows(a, state, spec.rows)))
+
+
+def _refill_call(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Call:
+  params = _cast(a, spec, model)
+  prompts, lengths, rng, stop, budget = _inputs(a, spec)
+  queue = refill.Queue(prompts, lengths, rng, stop, budget)
+  state = jax.eval_shape(functools.partial(refill.start, model, spec.scfg, spec.scfg.slots), queue)
+  fn = jax.jit(mesh_lib.bind(functools.partial(refill.step, model, spec.scfg), a.mesh, a.rules), donate_argnums=2)
+  slots = min(spec.scfg.slots, spec.rows)
+  state = {k: by_rows(a, v, spec.rows if k in ("tokens", "logp", "valid", "stopped") else slots)
+           for k, v in state.items()}
+  return Call(fn, (params, queue, state))
+
+
+def weight_bytes(model: ModelConfig) -> float:
+  """Bytes of the weights a decode step reads once (whole slice): every matmul weight in the sampler's dtype."""
+  return flops.matmul_params(model) * jnp.dtype(model.compute_dtype).itemsize
+
+
+def cache_bytes(model: ModelConfig, scfg: sampling.SamplingConfig, rows: int, window: int) -> float:
+  """Bytes of keys and values a decode step reads over a `window`-slot window (whole slice)."""
+  dtype = jnp.dtype(scfg.cache_dtype) if scfg.cache_dtype else model.compute_dtype
+  return 2.0 * model.n_layers * rows * model.n_kv_heads * model.head_dim * window * dtype.itemsize
+
+
+def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset[str], cost: bool = True,
+                     per_step: bool = False, note: str = "cost not estimated") -> list[Program]:
+  """The generate call (memory; cost: prefill + every decode step, all N tokens drawn), and its prefill and last
+  decode step apart (cost: the decode step against the HBM roofline). Without `cost`, the call alone, `note`d."""
+  model, scfg, B, P = spec.model, spec.scfg, spec.rows, spec.prompt_len
+  N = scfg.max_new_tokens
+  if scfg.slots:
+    fn = refill.jit_generate(model, scfg, scfg.slots, a.mesh, a.rules)
+  else:
+    fn = sampling.jit_generate(model, scfg, a.mesh, a.rules)
+  memory = Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
+  name = spec.name
+  if not cost:
+    return [Program(stage, name, memory, [], 0.0, uses=uses, tokens=B * N, note=note, per_step=per_step)]
+  if scfg.slots:  # one token through every slot a step; each prompt needs at most P + N steps of a slot
+    slots = min(scfg.slots, B)
+    steps = math.ceil(B * (P + N) / slots)
+    step = Term(1, f"{stage}/{name}/refill_step", functools.partial(_refill_call, a, spec))
+    flop = flops.total(flops.forward(model, slots, 1, P + N, 1))
+    call = Program(stage, name, memory, [dataclasses.replace(step, count=steps)], steps * flop, uses=uses,
+                   tokens=B * N, note=f"continuous batching: {steps} steps of {slots} slots (every prompt P + N)",
+                   per_step=per_step)
+    return [call, Program(stage, f"{name}:decode", None, [step], flop, tokens=slots,
+                          roofline_bytes=weight_bytes(model) + cache_bytes(model, scfg, slots, P + N), part_of=name,
+                          note="one step of every slot (continuous batching)")]
+  windows = sampling.decode_windows(P, N, scfg.window)
+  ends = {w: Term(1, f"{stage}/{name}/decode@{w}", functools.partial(_decode_call, a, spec, w))
+          for w in {windows[0], windows[-1]}}
+  first, last = ends[windows[0]], ends[windows[-1]]
+  prefill = Term(1, f"{stage}/{name}/prefill", functools.partial(_prefill_call, a, spec))
+  terms, expected, i = [prefill], flops.total(flops.forward(model, B, P, P, 1)), 1
+  for w in windows:
+    end = min(N, w - P + 1)  # decode steps i < end run with this window
+    if end > i:
+      share = 0.0 if len(ends) == 1 else (w - windows[0]) / (windows[-1] - windows[0])
+      terms.append(Term(end - i, f"{stage}/{name}/decode@{w}", between=(first, last, share)))
+      expected += (end - i) * flops.total(flops.forward(model, B, 1, w, 1))
+      i = end
+  W = windows[-1]
+  decode = Program(stage, f"{name}:decode", None, [last], flops.total(flops.forward(model, B, 1, W, 1)), tokens=B,
+                   roofline_bytes=weight_bytes(model) + cache_bytes(model, scfg, B, W), part_of=name,
+                   note=f"one step over the whole cache ({W} slots)")
+  return [
+    Program(stage, name, memory, terms, expected, uses=uses, tokens=B * N, note="all N tokens drawn",
+            per_step=per_step),
+    Program(stage, f"{name}:prefill", None, [prefill], flops.total(flops.forward(model, B, P, P, 1)), tokens=B * P,
+            part_of=name),
+    decode,
+  ]
+
+
+def sampling_config(a: Abstract, **changes: Any) -> sampling.SamplingConfig:
+  return dataclasses.replace(sampling.config_from(a.config.sampling, a.tokenizer), **changes)
