@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rl_lm import keys as keys_lib
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling
 from rl_lm.models import transformer
@@ -74,7 +75,7 @@ def step(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, queu
   j = t + 1 - length  # completion index of the token these logits draw (< 0: still in the prompt)
   drawing = active & (j >= 0)
   keys = jax.vmap(lambda qq, jj: jax.random.fold_in(jax.random.fold_in(rng, qq), jj))(qs, jnp.maximum(j, 0))
-  tok, logp = sampling.sample_token(logits[:, 0], keys, cfg)
+  tok, logp = sampling.sample_token(logits[:, 0], None, cfg, row_keys=keys)
   at_q, at_j = jnp.where(drawing, qs, Q), jnp.maximum(j, 0)  # row Q is out of range: dropped
   hit = jnp.any(tok[:, None] == queue.stop_tokens[qs], axis=-1)
   ends = drawing & (hit | (j + 1 >= queue.max_new_tokens[qs]))
@@ -102,7 +103,8 @@ def _generate(
 ) -> sampling.Rollout:
   Q, P = prompts.shape
   N = cfg.max_new_tokens
-  queue = Queue(prompts.astype(jnp.int32), prompt_lengths.astype(jnp.int32), rng, stop_tokens, max_new_tokens)
+  queue = Queue(prompts.astype(jnp.int32), prompt_lengths.astype(jnp.int32), keys_lib.as_key(rng), stop_tokens,
+                max_new_tokens)
   state = start(model_cfg, cfg, slots, queue)
   state = jax.lax.while_loop(lambda state: jnp.any(state["q"] >= 0),
                              functools.partial(step, model_cfg, cfg, params, queue), state)

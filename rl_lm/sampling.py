@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_lm import keys as keys_lib
 from rl_lm import mesh as mesh_lib
 from rl_lm.config import Sampling
 from rl_lm.models import scoring, transformer
@@ -132,9 +133,11 @@ def _last_positive(weights: jax.Array, index: jax.Array) -> jax.Array:
   return (n - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
 
 
-def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32). rng: one
-  key, or [B] keys (one per row).
+def sample_token(logits: jax.Array, rng: jax.Array | None, cfg: SamplingConfig, *,
+                 row_keys: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per row. logits [B, V] float32 -> (tokens [B] int32, log-probs [B] float32). Either `rng`,
+  one key (typed or legacy) for the batch, or `row_keys`, [B] keys, one per row, so that a row's draw does not
+  depend on which rows share its batch.
 
   The log-prob is of the temperature-scaled, untruncated distribution (see module docstring).
   Sampling is by inverse CDF with one uniform per row (`_inverse_cdf`), which is exact and cheaper than Gumbel
@@ -147,10 +150,13 @@ def sample_token(logits: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> tupl
     scaled = logits / cfg.temperature
     filtered = filter_logits(scaled, cfg.top_k, cfg.top_p)
     weights = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))  # [B, V], 0 where filtered out
-    if rng.ndim:  # one key per row: a row's draw does not depend on which rows share its batch
-      u = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(rng)
+    if (rng is None) == (row_keys is None):
+      raise ValueError("sample_token takes one of rng (a key for the batch) and row_keys ([B] keys)")
+    if row_keys is not None:
+      row_keys = keys_lib.as_row_keys(row_keys, logits.shape[0])
+      u = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(row_keys)
     else:
-      u = jax.random.uniform(rng, (logits.shape[0],), jnp.float32)
+      u = jax.random.uniform(keys_lib.as_key(rng), (logits.shape[0],), jnp.float32)
     tokens = _inverse_cdf(weights, u)
   chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
   return tokens, chosen - jax.nn.logsumexp(scaled, axis=-1)
@@ -213,6 +219,7 @@ def prefill(
   N = cfg.max_new_tokens
   S = P + N
   prompt_lengths = prompt_lengths.astype(jnp.int32)
+  rng = keys_lib.as_key(rng)
   prompts, prompt_mask = right_align(prompts.astype(jnp.int32), prompt_lengths)
   prompts = mesh_lib.constrain(prompts, ("batch", "length"))
   cache_dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype

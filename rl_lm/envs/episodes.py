@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_lm import keys as keys_lib
 from rl_lm import mesh as mesh_lib
 from rl_lm import sampling
 from rl_lm.chat import ChatTemplateError
@@ -84,6 +85,7 @@ def _turn(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, sta
   B, O = obs.shape  # noqa: E741 -- O: the observation width, as in the shape comments
   S = tokens.shape[1]
   rows, slots = jnp.arange(B), jnp.arange(S)[None, :]
+  rng = keys_lib.as_key(rng)
   keys = jax.vmap(lambda b: jax.random.fold_in(rng, b))(rows)  # [B] keys: a row's draws are its own
   obs_len = jnp.minimum(obs_len, S - fill)
   live = (obs_len > 0) & (budget > 0)
@@ -99,7 +101,8 @@ def _turn(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, sta
   end = fill + obs_len
   logits, cache = transformer.forward_cached(model_cfg, params, obs, at, cache, fill, slots < end[:, None],
                                              take=obs_len - 1)
-  tok, logp = sampling.sample_token(logits[:, 0], jax.vmap(jax.random.fold_in)(keys, jnp.zeros_like(rows)), cfg)
+  tok, logp = sampling.sample_token(logits[:, 0], None, cfg,
+                                    row_keys=jax.vmap(jax.random.fold_in)(keys, jnp.zeros_like(rows)))
 
   def write(tokens, sampled, logprobs, fill, tok, logp, writing):
     at = jnp.where(writing, fill, S)  # slot S: out of range, dropped
@@ -122,7 +125,8 @@ def _turn(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, sta
     pos = jnp.maximum(fill - 1, 0)
     logits, cache = transformer.forward_cached(model_cfg, params, prev[:, None], pos[:, None], cache, pos,
                                                slots <= pos[:, None])
-    tok, logp = sampling.sample_token(logits[:, 0], jax.vmap(jax.random.fold_in)(keys, jnp.full_like(rows, i)), cfg)
+    tok, logp = sampling.sample_token(logits[:, 0], None, cfg,
+                                      row_keys=jax.vmap(jax.random.fold_in)(keys, jnp.full_like(rows, i)))
     writing = ~done
     tokens, sampled, logprobs, fill = write(tokens, sampled, logprobs, fill, tok, logp, writing)
     hit = writing & is_stop(tok)
@@ -353,6 +357,7 @@ class EpisodeRunner:
   def run(self, params: Any, problems: Sequence[Problem], rng: jax.Array, seeds: Sequence[int]) -> EpisodeBatch:
     """One episode per problem (exactly `rows`), `seeds[b]` seeding row b's environment."""
     B, S, lim = self.rows, self.limits.max_tokens, self.limits
+    rng = keys_lib.as_key(rng)
     if len(problems) != B:
       raise ValueError(f"EpisodeRunner.run takes exactly {B} problems, got {len(problems)}")
     ids = [next(_EPISODE_IDS) for _ in range(B)]  # unique in the process: runners may share one pool
