@@ -1,11 +1,12 @@
 """The configuration schema shared by every `configs/*.py`, and its validation.
 
 Each section is a dataclass (rl_lm/config/run.py, train.py, rl.py) whose fields hold their default, comment
-and allowed values side by side (rl_lm/config/section.py). `base_config()` builds the ConfigDict a config
-file starts from out of those defaults. `validate(config)` runs before anything is compiled and raises
-`ConfigError` naming the offending key: every float must be finite (the fields whose allowed interval
-closes on "inf]" may be +inf, see ALLOW_INF), each section the run reads must build from its ConfigDict
-section, and the rules between sections must hold (rl_lm/config/cross.py).
+and allowed values side by side (rl_lm/config/section.py); a field that names a registered part (stage, task,
+reward, environment, advantage estimator, policy loss) allows what its registry holds (rl_lm/registry.py).
+`base_config()` builds the ConfigDict a config file starts from out of those defaults. `validate(config)` runs
+before anything is compiled and raises `ConfigError` naming the offending key: every float must be finite (the
+fields whose allowed interval closes on "inf]" may be +inf, see ALLOW_INF), each section the run reads must build
+from its ConfigDict section, and the rules between sections must hold (rl_lm/config/cross.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import ml_collections
 from rl_lm.config import cross
 from rl_lm.config.cross import data_parallelism
 from rl_lm.config.flags import explain_flag_error
-from rl_lm.config.rl import ALGORITHMS, LOSS_MODES, AlarmConfig, CurriculumConfig, Env, Eval, Rl
-from rl_lm.config.run import DTYPES, STAGES, WANDB_MODES, Checkpoint, Logging, Mesh, Model, Run, Sample, Sampling
+from rl_lm.config.rl import AlarmConfig, CurriculumConfig, Env, Eval, Rl
+from rl_lm.config.run import DTYPES, WANDB_MODES, Checkpoint, Logging, Mesh, Model, Run, Sample, Sampling
 from rl_lm.config.section import ConfigError, Section
 from rl_lm.config.train import Dpo, Preferences, Reward, RewardModel, Sft, Task
 
@@ -49,6 +50,5 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   cross.check(config, num_devices)
 
 
-__all__ = ["ALGORITHMS", "ALLOW_INF", "DTYPES", "LOSS_MODES", "SECTIONS", "STAGES", "WANDB_MODES", "AlarmConfig",
-           "ConfigError", "CurriculumConfig", "Sampling", "Section", "base_config", "data_parallelism",
-           "explain_flag_error", "validate"]
+__all__ = ["ALLOW_INF", "DTYPES", "SECTIONS", "WANDB_MODES", "AlarmConfig", "ConfigError", "CurriculumConfig",
+           "Sampling", "Section", "base_config", "data_parallelism", "explain_flag_error", "validate"]

@@ -1,4 +1,7 @@
-"""The sections of the "rl" stage: rl (with its kl, value, curriculum and alarms) and eval."""
+"""The sections of the "rl" stage: rl (with its kl, value, curriculum and alarms) and eval.
+
+The choices of algorithm, policy loss, loss mode and correction level come from the modules that implement them
+(their registries and constants in rl_lm/rl/), so a loss or estimator registered there is a valid value here."""
 
 from __future__ import annotations
 
@@ -6,13 +9,8 @@ import dataclasses
 import math
 
 from rl_lm.config.run import DTYPES
-from rl_lm.config.section import Section, folder, knob
-
-ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
-GROUP_ALGORITHMS = ("grpo", "dr_grpo", "rloo")  # compare the samples of a group; score whole sequences
-LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov")  # rl_lm.rl.policy_losses
-CORRECTION_LEVELS = ("token", "sequence", "geometric")  # rl_lm.rl.correction
+from rl_lm.config.section import Section, folder, knob, registered
+from rl_lm.rl import advantages, correction, losses, policy_losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +45,10 @@ class Correction(Section):
   weights pi_old / pi_rollout on each token's loss, and rejection of tokens or rows far off-policy."""
 
   KEY = "rl.correction"
-  level: str = knob("token", CORRECTION_LEVELS)  # the IS ratio: per token, the row's product, its geometric mean
+  level: str = knob("token", correction.LEVELS)  # the IS ratio: per token, the row's product, its geometric mean
   cap: float = knob(2.0, "[0, inf)")  # IS weight cap C (>= 1): truncated IS min(r, C); 0: no IS weights
   lower: float = knob(0.0, "[0, 1]")  # > 0: two-sided (IcePop) masking, weight 0 outside [lower, cap], not truncated
-  reject: str = knob("none", ("none",) + CORRECTION_LEVELS)  # drop tokens / rows whose ratio leaves the band
+  reject: str = knob("none", ("none",) + correction.LEVELS)  # drop tokens / rows whose ratio leaves the band
   reject_low: float = knob(0.5, "[0, 1]")  # rejection band [reject_low, reject_high] on pi_old / pi_rollout
   reject_high: float = knob(2.0, "[1, inf)")
 
@@ -102,7 +100,7 @@ class Rl(Section):
   """The "rl" stage: one loop for PPO and the GRPO family."""
 
   KEY, STAGES = "rl", ("rl",)
-  algorithm: str = knob("grpo", ALGORITHMS)
+  algorithm: str = knob("grpo", advantages.ESTIMATORS.problem)  # grpo | dr_grpo | rloo | reinforce_pp | ppo
   steps: int = knob(100, "(0, inf)")
   prompts_per_step: int = knob(32, "(0, inf)")
   group_size: int = knob(8, "(0, inf)")  # samples per prompt (G); rows per step = prompts_per_step * group_size
@@ -117,12 +115,13 @@ class Rl(Section):
   clip_low: float = knob(0.2, "(0, inf)")  # ratio clip below 1 - clip_low (>= 1: none; CISPO clips above only)
   clip_high: float = knob(0.2, "(0, inf)")  # ratio clip above 1 + clip_high (clip-higher: > clip_low)
   dual_clip: float = 0.0  # dual-clip constant for negative advantages (> 1), 0: off (ppo loss only)
-  policy_loss: str = knob("ppo", POLICY_LOSSES)  # ppo: clipped surrogate; gspo, gmpo need seq-mean-token-mean
+  policy_loss: str = knob("ppo", policy_losses.LOSSES.problem)  # ppo: clipped surrogate | gspo | cispo | gmpo |
+  #                                                               clip_cov | kl_cov (gspo, gmpo: seq-mean-token-mean)
   cov_ratio: float = knob(2e-4, "(0, 1]")  # clip_cov / kl_cov: fraction of tokens cut or penalised
   cov_low: float = 1.0  # clip_cov: covariance band (cov_low, cov_high) of the tokens cut
   cov_high: float = 5.0
   cov_kl_coef: float = knob(0.1, "[0, inf)")  # kl_cov: coefficient of |logp - old| on the penalised tokens
-  loss_mode: str = knob("token-mean", LOSS_MODES)
+  loss_mode: str = knob("token-mean", losses.MODES)
   norm_constant: int = knob(0, "[0, inf)")  # seq-mean-token-sum-norm divisor; 0: sampling.max_new_tokens
   scale_by_std: bool = True  # grpo: divide by the group std (False is Dr. GRPO)
   entropy_coef: float = knob(0.0, "[0, inf)")
@@ -142,18 +141,20 @@ class Rl(Section):
   init_from: str = knob("", folder)  # checkpoint folder RL starts from (<run>/checkpoints/sft); "": the stage before
 
   def check(self) -> None:
-    group = self.algorithm in GROUP_ALGORITHMS
+    group = advantages.ESTIMATORS.get(self.algorithm).group
+    loss = policy_losses.LOSSES.get(self.policy_loss)
     self.require(not group or self.group_size >= 2, "group_size",
                  f"{self.algorithm} compares samples within a group: needs >= 2, got {self.group_size}")
     rows, per_update = self.prompts_per_step * self.group_size, self.minibatches * self.grad_accum
     self.require(rows % per_update == 0, "minibatches",
                  f"rows per step ({rows}) must split into minibatches * grad_accum = {per_update} equal parts")
     self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"must be 0 or > 1, got {self.dual_clip}")
-    self.require(self.policy_loss not in ("gspo", "gmpo") or self.loss_mode == "seq-mean-token-mean", "loss_mode",
+    self.require(not loss.sequence_level or self.loss_mode == "seq-mean-token-mean", "loss_mode",
                  f"{self.policy_loss} is a sequence-level loss: needs 'seq-mean-token-mean', got {self.loss_mode!r}")
     self.require(self.cov_low < self.cov_high, "cov_high", f"must exceed cov_low = {self.cov_low}")
-    self.require(self.dual_clip == 0 or self.policy_loss == "ppo", "dual_clip",
-                 f"the dual clip belongs to the ppo loss, not {self.policy_loss}")
+    dual = [n for n in policy_losses.LOSSES if "dual_clip" in policy_losses.LOSSES.get(n).options.values()]
+    self.require(self.dual_clip == 0 or self.policy_loss in dual, "dual_clip",
+                 f"the dual clip belongs to the {' and '.join(dual)} loss, not {self.policy_loss}")
     self.require(not group or self.kl.placement != "reward", "kl.placement",
                  f"{self.algorithm} scores whole sequences; put the KL in the loss ('loss') or turn it off ('none')")
     self.require(self.algorithm != "ppo" or self.value.learning_rate > 0, "value.learning_rate",
@@ -179,7 +180,7 @@ class Env(Section):
   """Multi-turn environments (rl_lm/envs): the RL stage runs episodes of `name` instead of single completions."""
 
   KEY, STAGES = "env", ("rl",)
-  name: str = ""  # a registered environment (rl_lm.envs.base.register): calculator | python_tool | ...; "": none
+  name: str = ""  # a registered environment (rl_lm.envs.base.ENVIRONMENTS): calculator | python_tool | ...; "": none
   max_turns: int = knob(4, "(0, inf)")  # the policy's turns per episode
   turn_tokens: int = knob(32, "(0, inf)")  # tokens of one policy turn (its stop token included)
   max_tokens: int = knob(128, "(0, inf)")  # the whole episode, prompt and observations included: the KV cache
@@ -188,11 +189,8 @@ class Env(Section):
   faults: Faults = dataclasses.field(default_factory=Faults)
 
   def check(self) -> None:
-    if self.name:
-      from rl_lm.envs import base
-
-      self.require(self.name in base.names(), "name",
-                   f"unknown environment {self.name!r}; registered: {', '.join(base.names())}")
+    problem = registered("rl_lm.envs.base", "ENVIRONMENTS")(self.name) if self.name else None
+    self.require(problem is None, "name", problem)
     injected = self.faults.crash + self.faults.hang + self.faults.slow
     self.require(not injected or self.workers > 0, "workers", "injected faults need environment workers (>= 1)")
     self.require(self.turn_tokens < self.max_tokens, "turn_tokens", f"must be below max_tokens = {self.max_tokens}")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from rl_lm.config.section import Section, knob
+from rl_lm.config.section import Section, knob, registered
 from rl_lm.models import presets
 
-STAGES = ("sample", "sft", "reward_model", "dpo", "rl")
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -19,15 +18,17 @@ class Run(Section):
   """The top-level fields."""
 
   seed: int = knob(0, "[0, inf)")  # every random stream is fold_in(key(seed), ...)
-  stages: tuple[str, ...] = ("sample",)  # run in order; see rl_lm.config.STAGES
+  stages: tuple[str, ...] = ("sample",)  # run in order; registered in rl_lm.train.stages.STAGES
   tokenizer: str = knob("char", ("char", "hf"))  # "char" (built-in tasks) or "hf" (from model.hf_checkpoint)
   stop_after_nonfinite: int = knob(5, "(0, inf)")  # skipped updates in a row (NaN/inf loss or gradients) that stop it
   export_dir: str = ""  # after the last stage, the policy (LoRA merged) as a Hugging Face folder here; "": none
 
   def check(self) -> None:
     self.require(len(self.stages) > 0, "stages", "must name at least one stage")
+    unknown = registered("rl_lm.train.stages", "STAGES")
     for i, stage in enumerate(self.stages):
-      self.require(stage in STAGES, f"stages[{i}]", f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+      problem = unknown(stage)
+      self.require(problem is None, f"stages[{i}]", problem)
 
 
 @dataclasses.dataclass(frozen=True)

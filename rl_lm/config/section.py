@@ -3,15 +3,19 @@
     decay: float = knob(0.9, "(0, 1]")  # per-update decay of a prompt's Beta counts
 
 `knob(default, allowed)` takes an interval ("[0, inf)"; a closing "inf]" lets the field be +inf), a tuple
-of choices, or a function saying what is wrong with a value (None when nothing is). An int field must hold
-an int. Rules between the fields of one section go in its `check()`. Building a section checks it and
-raises ConfigError with the full key (`config.rl.curriculum.decay`); `from_section` builds one from its
-ConfigDict and `config_dict` gives the defaults as one.
+of choices, or a function saying what is wrong with a value (None when nothing is). A choice of a registered
+part (a policy loss, an advantage estimator, a task, a stage...) takes its registry's `problem`, or
+`registered(module, attribute)` where importing the registry must wait for the check, so that whatever is
+registered by then (rl_lm/registry.py) is a valid value. An int field must hold an int. Rules between the
+fields of one section go in its `check()`. Building a section checks it and raises ConfigError with the full key
+(`config.rl.curriculum.decay`); `from_section` builds one from its ConfigDict and `config_dict` gives the
+defaults as one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import numbers
 import os
 from collections.abc import Callable, Iterator
@@ -38,6 +42,16 @@ def knob(default: Any, allowed: Allowed) -> Any:
 def folder(path: str) -> str | None:
   """Allows "" (none) or an existing folder."""
   return None if not path or os.path.isdir(path) else f"no such folder {path!r}"
+
+
+def registered(module: str, attribute: str) -> Callable[[Any], str | None]:
+  """Allows the names registered in the Registry `module.attribute` (rl_lm/registry.py), importing the module at
+  the first check: tasks, rewards, environments and stages load more than a config module should on import."""
+
+  def problem(name: Any) -> str | None:
+    return getattr(importlib.import_module(module), attribute).problem(name)
+
+  return problem
 
 
 def _problem(value: Any, allowed: Allowed | None, integer: bool) -> str | None:

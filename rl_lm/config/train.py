@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from rl_lm.config.section import Section, folder, knob
+from rl_lm.config.section import Section, folder, knob, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,7 +13,8 @@ class Task(Section):
   """Where prompts come from (rl_lm.tasks)."""
 
   KEY, STAGES = "task", ("sft", "reward_model", "dpo", "rl")
-  name: str = "arithmetic"  # arithmetic | products | gsm8k | humaneval | preferences
+  name: str = knob("arithmetic", registered("rl_lm.tasks", "TASKS"))  # arithmetic | products | gsm8k | humaneval
+  #                                                                    | preferences | a task registered by then
   levels: tuple[int, ...] = (1, 2, 3)  # arithmetic difficulty levels in play
   worked: bool = False  # arithmetic: SFT targets show one operation per line before the answer
   test_fraction: float = knob(0.1, "(0, 1)")  # arithmetic: share of expressions (by hash) held out for evaluation
@@ -27,9 +28,8 @@ class Task(Section):
   eval_size: int = knob(200, "(0, inf)")  # held-out problems per evaluation
 
   def check(self) -> None:
-    from rl_lm.tasks import TASKS
     from rl_lm.tasks.arithmetic import LEVELS
-    self.require(self.name in TASKS, "name", f"unknown task {self.name!r}; known: {', '.join(sorted(TASKS))}")
+
     bad = [lv for lv in self.levels if lv not in LEVELS]
     self.require(self.name != "arithmetic" or (bool(self.levels) and not bad), "levels",
                  f"unknown arithmetic levels {bad or list(self.levels)}; known: {sorted(LEVELS)}")
@@ -52,12 +52,11 @@ class Reward(Section):
   success_threshold: float = 1.0  # an episode with score >= this counts as solved (pass rate, curriculum)
 
   def check(self) -> None:
-    from rl_lm.rewards import known_rewards
-
-    known = known_rewards()
+    unknown = registered("rl_lm.rewards", "REWARDS")
     self.require(len(self.weights) > 0, "weights", "must name at least one reward")
     for name, weight in self.weights.items():
-      self.require(name in known, f"weights.{name}", f"unknown reward {name!r}; known: {', '.join(known)}")
+      problem = unknown(name)
+      self.require(problem is None, f"weights.{name}", problem)
       self.require(isinstance(weight, (int, float)), f"weights.{name}", f"weight must be a number, got {weight!r}")
     missing = folder(self.model_checkpoint)
     self.require(not self.learned or missing is None, "model_checkpoint", missing)

@@ -2,7 +2,7 @@
 
   from rl_lm.envs import base
 
-  @base.register("my_env")                           # selected by config.env.name
+  @base.register("my_env")                           # selected by config.env.name (base.ENVIRONMENTS)
   class MyEnv(base.Environment):                     # one instance per episode
     def reset(self, problem, rng) -> str: ...        # the first observation (the prompt the policy sees first)
     def step(self, action: str) -> base.Step: ...    # the policy's turn as text -> what it sees next
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_lm.registry import Registry
 from rl_lm.tasks.base import Problem
 
 
@@ -60,7 +61,13 @@ class Environment:
     """Called once when the episode ends, however it ends."""
 
 
-_REGISTRY: dict[str, tuple[str, str]] = {}  # name -> (module, attribute): importable in a worker process
+def _builtins() -> None:
+  importlib.import_module("rl_lm.envs.calculator")  # registers "calculator"
+  importlib.import_module("rl_lm.envs.python_tool")  # registers "python_tool"
+
+
+#: name -> (module, qualname) of the class, importable in a worker process; the built-ins load at the first lookup.
+ENVIRONMENTS: Registry[tuple[str, str]] = Registry("environment", load=_builtins)
 
 
 def register(name: str) -> Callable[[type[Environment]], type[Environment]]:
@@ -70,24 +77,21 @@ def register(name: str) -> Callable[[type[Environment]], type[Environment]]:
   def wrap(cls: type[Environment]) -> type[Environment]:
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
       raise TypeError(f"register({name!r}) takes an Environment subclass, got {cls!r}")
-    _REGISTRY[name] = (cls.__module__, cls.__qualname__)
+    ENVIRONMENTS.add(name, (cls.__module__, cls.__qualname__))
     return cls
 
   return wrap
 
 
 def names() -> list[str]:
-  """The registered environment names (the built-in ones included)."""
-  _builtins()
-  return sorted(_REGISTRY)
+  """The registered environment names (the built-in ones included), sorted."""
+  return list(ENVIRONMENTS.names())
 
 
 def locate(name: str) -> tuple[str, str]:
-  """(module, attribute) of a registered environment, to build it in another process; KeyError names the known."""
-  _builtins()
-  if name not in _REGISTRY:
-    raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}")
-  return _REGISTRY[name]
+  """(module, attribute) of a registered environment, to build it in another process; an unknown name raises
+  rl_lm.registry.UnknownNameError (a KeyError and a ValueError) naming the known ones."""
+  return ENVIRONMENTS.get(name)
 
 
 def build(where: tuple[str, str]) -> Environment:
@@ -97,8 +101,3 @@ def build(where: tuple[str, str]) -> Environment:
   for part in attribute.split("."):
     obj = getattr(obj, part)
   return obj()
-
-
-def _builtins() -> None:
-  importlib.import_module("rl_lm.envs.calculator")  # registers "calculator"
-  importlib.import_module("rl_lm.envs.python_tool")  # registers "python_tool"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rl_lm.rewards import code, format, length, maths, preference_gold  # noqa: F401 - registers the built-ins
 from rl_lm.rewards.registry import (
+  REWARDS,
   VERIFIER_FAULTS,
   CompositeReward,
   Reward,
@@ -21,6 +22,7 @@ from rl_lm.rewards.registry import (
 )
 
 __all__ = [
+  "REWARDS",
   "VERIFIER_FAULTS",
   "CompositeReward",
   "Reward",

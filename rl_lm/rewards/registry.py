@@ -10,8 +10,9 @@ sandbox that failed ("sandbox_error"), a host so loaded that the check never got
 the broken part touched; a mask for a timeout the program caused would teach it to time out rather
 than answer wrong.
 
-Rewards are registered by name with `@register(name)` on a factory; `make_reward(name, **options)`
-builds one and `build_reward({"correctness": 1.0, "format": 0.1}, options)` builds a weighted sum.
+Rewards are registered by name in `REWARDS` (rl_lm/registry.py) with `@register(name)` on a factory, which
+makes the name a valid key of `config.reward.weights`; `make_reward(name, **options)` builds one and
+`build_reward({"correctness": 1.0, "format": 0.1}, options)` builds a weighted sum.
 `score_batch` scores many episodes at once: code runs in the sandbox's bounded process pool, the
 symbolic maths path in its worker processes.
 
@@ -26,6 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from rl_lm.registry import Registry, UnknownNameError
 from rl_lm.tasks.base import Problem
 
 #: Statuses of infrastructure faults ("the verifier could not decide"); episodes carrying them are masked.
@@ -85,36 +87,26 @@ class FunctionReward:
     return [self(p, c) for p, c in zip(problems, completions, strict=True)]
 
 
-_FACTORIES: dict[str, Callable[..., Reward]] = {}
-
-
-class UnknownRewardError(ValueError):
+class UnknownRewardError(UnknownNameError):
   """A reward name nobody registered; the message lists the known ones. `rl_lm.main` reports it as one line."""
 
-  user_facing = True
+
+REWARDS: Registry[Callable[..., Reward]] = Registry("reward", error=UnknownRewardError)  # name -> factory
 
 
 def register(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
   """Decorator: registers a reward factory under `name` (the factory takes keyword options)."""
-
-  def wrap(factory: Callable[..., Reward]) -> Callable[..., Reward]:
-    if name in _FACTORIES:
-      raise ValueError(f"reward {name!r} is already registered")
-    _FACTORIES[name] = factory
-    return factory
-
-  return wrap
+  return REWARDS.register(name)
 
 
 def known_rewards() -> list[str]:
-  return sorted(_FACTORIES)
+  """The registered reward names, sorted."""
+  return list(REWARDS.names())
 
 
 def make_reward(name: str, **options: Any) -> Reward:
   """Builds the reward `name`; raises UnknownRewardError (a ValueError) naming the known rewards if none."""
-  if name not in _FACTORIES:
-    raise UnknownRewardError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
-  return _FACTORIES[name](**options)
+  return REWARDS.get(name)(**options)
 
 
 class CompositeReward:
@@ -153,9 +145,9 @@ def build_reward(
   "correctness" passes `options` on to the per-task rewards it dispatches to.
   """
   options = options or {}
-  unknown = [n for n in weights if n not in _FACTORIES]
+  unknown = [n for n in weights if n not in REWARDS]
   if unknown:
-    raise UnknownRewardError(f"unknown reward(s) {unknown}; known rewards: {', '.join(known_rewards())}")
+    raise UnknownRewardError(f"unknown reward(s) {unknown}; known rewards: {', '.join(REWARDS.names())}")
   comps = {}
   for name, w in weights.items():
     opts = dict(options.get(name, {}))

@@ -1,5 +1,14 @@
 """Advantage estimators: GAE (PPO), GRPO, Dr. GRPO, RLOO, REINFORCE++. Pure jnp, masks explicit, jittable.
 
+By name. `config.rl.algorithm` selects an estimator from `ESTIMATORS`, where each is registered with a decorator
+(the built-ins at the end of this file) as a function of the step's `Inputs` and `config.rl`:
+
+  @advantages.register("my_algo", group=True)   # group: compares the samples of a group, scores whole sequences
+  def my_algo(x: advantages.Inputs, rl) -> tuple[jax.Array, jax.Array | None]: ...   # (adv [B, T], returns)
+
+`rl_lm.train.rl_update.advantages` calls it inside the jitted `prepare`; the config takes its allowed algorithms,
+and which of them need a group (group_size >= 2, no KL in the reward), from the registry.
+
 Layout. Token arrays are [B, T]; `mask[b, t]` marks the response tokens of row b (contiguous,
 possibly after masked prompt positions and before masked padding). Rows of a group are adjacent:
 B = n_prompts * group_size and row i belongs to group i // group_size. `group_size` is a static
@@ -17,9 +26,13 @@ sequence advantages reach the tokens through `broadcast_to_tokens`. Results are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
+from rl_lm.registry import Registry
 from rl_lm.rl.masked import as_bool, masked_mean, masked_var, whiten
 
 
@@ -168,3 +181,71 @@ def reinforce_pp(
 
   _, returns = jax.lax.scan(step, jnp.zeros((m.shape[0],), jnp.float32), (r.T, m.T), reverse=True)  # [T, B]
   return whiten(returns.T, m)
+
+
+# ------------------------------------------------------------------------------------------------
+# By name: config.rl.algorithm
+
+
+class Inputs(NamedTuple):
+  """What an estimator may read: one step's rollout, on device."""
+
+  scores: jax.Array  # [B] float32: each episode's score
+  trains: jax.Array  # [B] bool: the rows that train (the others must get advantage 0)
+  completion_mask: jax.Array  # [B, T] bool: completion tokens
+  token_rewards: jax.Array | None  # [B, T]: the score on the last token, minus the KL penalty when it is placed in
+  #                                  the reward (kl.penalised_rewards); None for the group estimators
+  values: jax.Array | None  # [B, T]: the value head's values, for "ppo"; else None
+
+
+EstimatorFn = Callable[[Inputs, Any], tuple[jax.Array, jax.Array | None]]  # (inputs, config.rl) -> (adv, returns)
+
+
+class Estimator(NamedTuple):
+  """A registered advantage estimator."""
+
+  fn: EstimatorFn  # advantages [B, T] (rows that do not train are zeroed after it) and returns [B, T] or None
+  group: bool  # compares the samples of a group and scores whole sequences: needs group_size >= 2, and has no
+  #              per-token rewards for a KL penalty to go into
+
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def register(name: str, group: bool) -> Callable[[EstimatorFn], EstimatorFn]:
+  """Decorator: `config.rl.algorithm = name` computes advantages with the decorated function (see `Estimator`)."""
+
+  def wrap(fn: EstimatorFn) -> EstimatorFn:
+    ESTIMATORS.add(name, Estimator(fn, group))
+    return fn
+
+  return wrap
+
+
+@register("grpo", group=True)
+def _grpo(x: Inputs, rl: Any) -> tuple[jax.Array, None]:
+  adv = grpo(x.scores, rl.group_size, scale_by_std=rl.scale_by_std, valid=x.trains)
+  return broadcast_to_tokens(adv, x.completion_mask), None
+
+
+@register("dr_grpo", group=True)
+def _dr_grpo(x: Inputs, rl: Any) -> tuple[jax.Array, None]:
+  return broadcast_to_tokens(dr_grpo(x.scores, rl.group_size, valid=x.trains), x.completion_mask), None
+
+
+@register("rloo", group=True)
+def _rloo(x: Inputs, rl: Any) -> tuple[jax.Array, None]:
+  return broadcast_to_tokens(rloo(x.scores, rl.group_size, valid=x.trains), x.completion_mask), None
+
+
+@register("reinforce_pp", group=False)
+def _reinforce_pp(x: Inputs, rl: Any) -> tuple[jax.Array, None]:
+  return reinforce_pp(x.token_rewards, x.completion_mask & x.trains[:, None], gamma=rl.value.gamma), None
+
+
+@register("ppo", group=False)
+def _gae(x: Inputs, rl: Any) -> tuple[jax.Array, jax.Array]:
+  adv, returns = gae(x.token_rewards, x.values, x.completion_mask, rl.value.gamma, rl.value.lam)
+  if rl.value.whiten_advantages:  # over the rows that train only, after the returns are taken
+    adv = whiten(adv, x.completion_mask & x.trains[:, None])
+  return adv, returns

@@ -27,11 +27,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_lm.rl.losses import Metrics
+from rl_lm.rl.losses import MAX_LOG_RATIO, Metrics
 from rl_lm.rl.masked import as_bool, masked_count, masked_max, masked_mean
 
-LEVELS = ("token", "sequence", "geometric")
-_MAX_LOG_RATIO = 20.0
+LEVELS = ("token", "sequence", "geometric")  # config.rl.correction.level and .reject
 
 
 def log_ratio(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, level: str) -> jax.Array:
@@ -40,9 +39,9 @@ def log_ratio(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, lev
     raise ValueError(f"unknown correction level {level!r}; expected one of {LEVELS}")
   m = as_bool(mask)
   lr = jnp.where(m, jnp.clip(jnp.asarray(old_logp, jnp.float32) - jnp.asarray(sampler_logp, jnp.float32),
-                             -_MAX_LOG_RATIO, _MAX_LOG_RATIO), 0.0)
+                             -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
   if level == "sequence":
-    lr = jnp.clip(jnp.sum(lr, axis=-1, keepdims=True), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    lr = jnp.clip(jnp.sum(lr, axis=-1, keepdims=True), -MAX_LOG_RATIO, MAX_LOG_RATIO)
   elif level == "geometric":
     lr = jnp.sum(lr, axis=-1, keepdims=True) / jnp.maximum(masked_count(m, axis=-1, keepdims=True), 1.0)
   return jax.lax.stop_gradient(jnp.where(m, lr, 0.0))

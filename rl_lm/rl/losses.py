@@ -1,4 +1,5 @@
-"""Losses: aggregation modes, clipped policy loss, value loss, entropy, SFT (importance weights: rl/correction.py).
+"""Losses: aggregation modes, PPO's clipped policy loss, value loss, entropy, SFT (importance weights:
+rl/correction.py; the policy losses by name, PPO's among them: rl/policy_losses.py).
 
 All functions take [B, T] token arrays with an explicit mask, compute in float32, and return a
 scalar loss (to minimise) plus a dict of float32 scalar metrics with namespaced keys. Every
@@ -23,9 +24,9 @@ import jax.numpy as jnp
 
 from rl_lm.rl.masked import as_bool, masked_count, masked_max, masked_mean, masked_sum
 
-MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # config.rl.loss_mode
 Metrics = dict[str, jax.Array]
-_MAX_LOG_RATIO = 20.0  # as verl: exp(20) ~ 5e8 keeps the ratio and its gradient finite
+MAX_LOG_RATIO = 20.0  # every log-ratio is clamped to +-this, as verl: exp(20) ~ 5e8 keeps ratios and gradients finite
 
 
 def _f32(x: jax.Array) -> jax.Array:
@@ -100,7 +101,7 @@ def policy_loss(
     adv = adv[:, None]
   adv = jnp.where(m, jnp.broadcast_to(adv, m.shape), 0.0)  # [B, T]
 
-  log_ratio = jnp.where(m, jnp.clip(logp - old_logp, -_MAX_LOG_RATIO, _MAX_LOG_RATIO), 0.0)  # [B, T]
+  log_ratio = jnp.where(m, jnp.clip(logp - old_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)  # [B, T]
   ratio = jnp.exp(log_ratio)
   loss_unclipped = -adv * ratio
   loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)

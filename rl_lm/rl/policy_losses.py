@@ -1,19 +1,27 @@
-"""The policy losses beside PPO's clipped surrogate (`losses.policy_loss`): GSPO, CISPO, GMPO, Clip-Cov, KL-Cov.
+"""The policy losses by name (`config.rl.policy_loss`): PPO's clipped surrogate, GSPO, CISPO, GMPO, Clip-Cov, KL-Cov.
 
-Each is selected by `config.rl.policy_loss` and takes what `losses.policy_loss` takes: logp (current policy, with
-gradient), old_logp (the trainer's log-probs under the parameters that sampled, or the proximal policy), advantages
-([B] or [B, T]), mask [B, T], the clip ranges, the aggregation mode and optional rollout-correction weights
-(`is_weights` [B, T], multiplied into the per-token loss after clipping, as verl does). All return (loss, metrics)
-with the same metric keys as `losses.policy_loss` where they mean the same thing.
+A loss is registered with a decorator, as verl's `register_policy_loss`, and selected by name through `compute`;
+the config takes its allowed values from `LOSSES`, so registering one makes it a valid `config.rl.policy_loss`:
+
+  @policy_losses.register("my_loss", options={"ratio": "cov_ratio"})   # keyword argument <- config.rl field
+  def my_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
+              norm_constant=None, ratio=2e-4) -> tuple[jax.Array, Metrics]: ...
+
+Every loss takes logp (current policy, with gradient), old_logp (the trainer's log-probs under the parameters that
+sampled, or the proximal policy), advantages ([B] or [B, T]), mask [B, T], the clip ranges, the aggregation mode
+and optional rollout-correction weights (`is_weights` [B, T], multiplied into the per-token loss after clipping,
+as verl does), then its own options, which `options(config.rl)` reads from the config fields it registered. All
+return (loss, metrics) with the metric keys of `losses.policy_loss` (PPO's) where they mean the same thing.
 
 Conventions follow verl's `core_algos.py` (verl-project/verl 1dda039, August 2026). Deliberate deviations:
 - Aggregation is `losses.aggregate`, which leaves rows with no valid token out of the seq-mean modes (see
-  losses.py). GSPO and GMPO are sequence-level objectives, and verl forces GSPO to "seq-mean-token-mean" and
-  gives GMPO a plain mean over sequences; here `config.rl` requires loss_mode "seq-mean-token-mean" for both
-  instead of overriding the configured mode silently, and GMPO's per-sequence loss is spread over the row's
-  tokens so that mode gives the mean over sequences.
-- Every log-ratio is clamped to +-20 before it is exponentiated or summed (verl leaves GSPO's token log-ratios
-  and GMPO's unclamped and clamps GSPO's result at +10 only), so no input gives an inf or a NaN.
+  losses.py). GSPO and GMPO are sequence-level objectives (registered `sequence_level`), and verl forces GSPO to
+  "seq-mean-token-mean" and gives GMPO a plain mean over sequences; here `config.rl` requires loss_mode
+  "seq-mean-token-mean" for both instead of overriding the configured mode silently, and GMPO's per-sequence loss
+  is spread over the row's tokens so that mode gives the mean over sequences.
+- Every log-ratio is clamped to +-20 (`losses.MAX_LOG_RATIO`) before it is exponentiated or summed (verl leaves
+  GSPO's token log-ratios and GMPO's unclamped and clamps GSPO's result at +10 only), so no input gives an inf or
+  a NaN.
 - Clip-Cov zeroes the loss of a random subset of the in-band tokens in verl (torch.randperm); here the subset is
   the tokens with the largest covariance in the band, so the loss is deterministic under jit (top-k, as KL-Cov).
 - The covariances of Clip-Cov and KL-Cov are taken over the micro-batch (as verl: over its local micro-batch).
@@ -22,16 +30,49 @@ Conventions follow verl's `core_algos.py` (verl-project/verl 1dda039, August 202
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
+from rl_lm.registry import Registry
 from rl_lm.rl import losses
-from rl_lm.rl.losses import Metrics
+from rl_lm.rl.losses import MAX_LOG_RATIO, Metrics
 from rl_lm.rl.masked import as_bool, masked_count, masked_max, masked_mean
 
-LOSSES = ("ppo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov")
-SEQUENCE_LEVEL = ("gspo", "gmpo")  # need loss_mode "seq-mean-token-mean"
-_MAX_LOG_RATIO = 20.0
+
+class PolicyLoss(NamedTuple):
+  """A registered policy loss."""
+
+  fn: Callable[..., tuple[jax.Array, Metrics]]  # (logp, old_logp, advantages, mask, clip_low, clip_high, mode,
+  #                                               is_weights, norm_constant, **options) -> (loss, metrics)
+  options: Mapping[str, str]  # its own keyword arguments -> the config.rl fields that set them
+  sequence_level: bool  # one objective per sequence: needs loss_mode "seq-mean-token-mean"
+
+
+LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy losses")
+
+
+def register(name: str, options: Mapping[str, str] | None = None, sequence_level: bool = False
+             ) -> Callable[[Callable], Callable]:
+  """Decorator: `config.rl.policy_loss = name` selects the decorated loss, which `compute` calls with the
+  config.rl fields named in `options` ({keyword argument: field}). Returns the function unchanged."""
+
+  def wrap(fn: Callable) -> Callable:
+    LOSSES.add(name, PolicyLoss(fn, dict(options or {}), sequence_level))
+    return fn
+
+  return wrap
+
+
+@register("ppo", options={"dual_clip": "dual_clip"})
+def ppo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
+             norm_constant=None, dual_clip=None) -> tuple[jax.Array, Metrics]:
+  """PPO's clipped surrogate, `losses.policy_loss` (there with its formula), in this module's argument order;
+  the only loss with a dual clip (`dual_clip` > 1; 0 or None: off, as config.rl.dual_clip)."""
+  return losses.policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip or None, mode,
+                            is_weights, norm_constant)
 
 
 def _prepare(logp, old_logp, advantages, mask):
@@ -43,7 +84,7 @@ def _prepare(logp, old_logp, advantages, mask):
   if adv.ndim == 1:
     adv = adv[:, None]
   adv = jnp.where(m, jnp.broadcast_to(adv, m.shape), 0.0)
-  log_ratio = jnp.where(m, jnp.clip(logp - old, -_MAX_LOG_RATIO, _MAX_LOG_RATIO), 0.0)
+  log_ratio = jnp.where(m, jnp.clip(logp - old, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
   return m, logp, old, adv, log_ratio
 
 
@@ -61,6 +102,7 @@ def _ratio_metrics(log_ratio: jax.Array, m: jax.Array) -> Metrics:
   }
 
 
+@register("gspo", sequence_level=True)
 def gspo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="seq-mean-token-mean", is_weights=None,
               norm_constant=None) -> tuple[jax.Array, Metrics]:
   """GSPO (Zheng et al. 2025): one length-normalised ratio per sequence, clipped per sequence.
@@ -89,6 +131,7 @@ def gspo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="seq-m
   return loss, metrics
 
 
+@register("cispo")
 def cispo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
                norm_constant=None) -> tuple[jax.Array, Metrics]:
   """CISPO (MiniMax-M1, 2025): -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * A * logp per token.
@@ -112,6 +155,7 @@ def cispo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="toke
   return loss, metrics
 
 
+@register("gmpo", sequence_level=True)
 def gmpo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="seq-mean-token-mean", is_weights=None,
               norm_constant=None) -> tuple[jax.Array, Metrics]:
   """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, clipped per token in log space.
@@ -162,6 +206,7 @@ def _top_tokens(score: jax.Array, k: jax.Array) -> jax.Array:
   return ((rank < k) & jnp.isfinite(flat)).reshape(score.shape)
 
 
+@register("clip_cov", options={"ratio": "cov_ratio", "cov_low": "cov_low", "cov_high": "cov_high"})
 def clip_cov_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
                   norm_constant=None, ratio=2e-4, cov_low=1.0, cov_high=5.0) -> tuple[jax.Array, Metrics]:
   """Clip-Cov (Cui et al. 2025): PPO's clipped loss, with the gradient of a few high-covariance tokens cut.
@@ -191,6 +236,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="t
   return loss, metrics
 
 
+@register("kl_cov", options={"ratio": "cov_ratio", "kl_coef": "cov_kl_coef"})
 def kl_cov_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
                 norm_constant=None, ratio=2e-4, kl_coef=0.1) -> tuple[jax.Array, Metrics]:
   """KL-Cov (Cui et al. 2025): the unclipped surrogate -A * ratio, plus kl_coef * |logp - old| on the
@@ -217,23 +263,14 @@ def kl_cov_loss(logp, old_logp, advantages, mask, clip_low, clip_high, mode="tok
   return loss, metrics
 
 
-def compute(name: str, logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip=None, mode="token-mean",
-            is_weights=None, norm_constant=None, **options) -> tuple[jax.Array, Metrics]:
-  """The policy loss `name` (one of LOSSES; "ppo" is `losses.policy_loss`, the only one with a dual clip).
-  `options` go to the loss itself (clip_cov: ratio, cov_low, cov_high; kl_cov: ratio, kl_coef)."""
-  if name == "ppo":
-    return losses.policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip, mode, is_weights,
-                              norm_constant)
-  fns = {"gspo": gspo_loss, "cispo": cispo_loss, "gmpo": gmpo_loss, "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}
-  if name not in fns:
-    raise ValueError(f"unknown policy loss {name!r}; expected one of {LOSSES}")
-  return fns[name](logp, old_logp, advantages, mask, clip_low, clip_high, mode, is_weights, norm_constant, **options)
+def compute(name: str, logp, old_logp, advantages, mask, clip_low, clip_high, mode="token-mean", is_weights=None,
+            norm_constant=None, **options) -> tuple[jax.Array, Metrics]:
+  """The policy loss registered as `name` (an unknown one raises, listing `LOSSES`); `options` go to the loss
+  itself (ppo: dual_clip; clip_cov: ratio, cov_low, cov_high; kl_cov: ratio, kl_coef), see `options`."""
+  return LOSSES.get(name).fn(logp, old_logp, advantages, mask, clip_low, clip_high, mode, is_weights, norm_constant,
+                             **options)
 
 
-def options(rl) -> dict:
-  """The extra arguments `compute` passes to `rl.policy_loss`, from `config.rl`."""
-  if rl.policy_loss == "clip_cov":
-    return dict(ratio=rl.cov_ratio, cov_low=rl.cov_low, cov_high=rl.cov_high)
-  if rl.policy_loss == "kl_cov":
-    return dict(ratio=rl.cov_ratio, kl_coef=rl.cov_kl_coef)
-  return {}
+def options(rl: Any) -> dict[str, Any]:
+  """The options `compute` passes to the loss `rl.policy_loss`, read from `config.rl` as it registered them."""
+  return {arg: getattr(rl, field) for arg, field in LOSSES.get(rl.policy_loss).options.items()}

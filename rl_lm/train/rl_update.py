@@ -28,8 +28,6 @@ from rl_lm.rl import correction, losses, masked, policy_losses
 from rl_lm.rl import kl as kl_lib
 from rl_lm.train import state as state_lib
 
-GROUP_ALGORITHMS = ("grpo", "dr_grpo", "rloo")
-
 
 class RLState(NamedTuple):
   policy: state_lib.TrainState
@@ -73,27 +71,15 @@ def token_values(cfg: ModelConfig, value_params: Any, tokens: jax.Array, mask: j
 def advantages(rl: Any, scores: jax.Array, trains: jax.Array, completion_mask: jax.Array, old_logp: jax.Array,
                ref_logp: jax.Array, values: jax.Array | None, kl_coef: jax.Array
                ) -> tuple[jax.Array, jax.Array | None]:
-  """Advantages [B, T] (and returns [B, T] for PPO, else None) for `rl.algorithm`; rows that do not train
-  get 0. scores, trains: [B]; the rest [B, T]."""
-  G, returns = rl.group_size, None
-  train_mask = completion_mask & trains[:, None]  # [B, T]
-  if rl.algorithm in GROUP_ALGORITHMS:
-    if rl.algorithm == "rloo":
-      adv = adv_lib.rloo(scores, G, valid=trains)
-    else:
-      adv = adv_lib.grpo(scores, G, scale_by_std=rl.scale_by_std and rl.algorithm == "grpo", valid=trains)
-    adv = adv_lib.broadcast_to_tokens(adv, completion_mask)
-  else:
+  """Advantages [B, T] (and returns [B, T] for PPO, else None) by the estimator `rl.algorithm` names
+  (rl_lm.rl.advantages.ESTIMATORS); rows that do not train get 0. scores, trains: [B]; the rest [B, T]."""
+  estimator, token_rewards = adv_lib.ESTIMATORS.get(rl.algorithm), None
+  if not estimator.group:  # per-token rewards, with the KL penalty when it is placed in the reward
     kl_tok = kl_lib.estimate(old_logp, ref_logp, rl.kl.estimator, mask=completion_mask)
     coef = kl_coef if rl.kl.placement == "reward" else 0.0
     token_rewards = kl_lib.penalised_rewards(scores, kl_tok, completion_mask, coef)
-    if rl.algorithm == "reinforce_pp":
-      adv = adv_lib.reinforce_pp(token_rewards, train_mask, gamma=rl.value.gamma)
-    else:  # ppo
-      adv, returns = adv_lib.gae(token_rewards, values, completion_mask, rl.value.gamma, rl.value.lam)
-      if rl.value.whiten_advantages:
-        adv = masked.whiten(adv, train_mask)
-  return jnp.where(train_mask, adv, 0.0), returns
+  adv, returns = estimator.fn(adv_lib.Inputs(scores, trains, completion_mask, token_rewards, values), rl)
+  return jnp.where(completion_mask & trains[:, None], adv, 0.0), returns
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,8 +167,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   """
   policy_opt, value_opt = optimizers
   kl_in_loss = rl.kl.placement == "loss"
-  dual = rl.dual_clip if rl.dual_clip > 0 else None
-  loss_options = policy_losses.options(rl)
+  loss_options = policy_losses.options(rl)  # the loss's own config fields (ppo: dual_clip)
   is_ppo = rl.algorithm == "ppo"
   E, M, A = rl.epochs, rl.minibatches, rl.grad_accum
 
@@ -193,7 +178,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     mask = mb.mask
     loss, metrics = policy_losses.compute(
       rl.policy_loss, logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
-      dual_clip=dual, mode=rl.loss_mode, is_weights=mb.is_weights, norm_constant=norm_constant, **loss_options)
+      mode=rl.loss_mode, is_weights=mb.is_weights, norm_constant=norm_constant, **loss_options)
     metrics = dict(metrics)
     metrics["policy/pg_loss"] = loss
     kl_tok = kl_lib.estimate(logp, mb.ref_logp, rl.kl.estimator, mask=mask)
