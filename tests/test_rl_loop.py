@@ -190,7 +190,8 @@ def assert_tree_close(a: Any, b: Any, atol: float) -> float:
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch):
-  """Same seed, same step on meshes (1, 1, 1) and (2, 2, 2): equal tokens, metrics and updated parameters.
+  """Same seed, same step on meshes (1, 1, 1) and (2, 2, 2): equal tokens, metrics and updated parameters. The
+  8-device run also scores its rows in 4 chunks in `prepare` (`rl.prepare_chunks`), the 1-device run at once.
 
   AdamW is replaced by SGD (same clip) for this test only: Adam's first step is lr * g / (|g| + eps), which
   turns the float32 rounding noise of near-zero gradient entries (|g| ~ 1e-8, summed in a different order
@@ -206,6 +207,7 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
       ctx = make_ctx(config, shape, str(tmp_path))
     else:  # every device, through the run's own path
       config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
+      config.rl.prepare_chunks = 4  # 8 rows a chunk, strided: each chunk spread over the 4 batch shards
       ctx = make_context(config, str(tmp_path))
       assert ctx.mesh.devices.shape == shape
     trainer = RLTrainer(ctx, log=lambda _: None)
@@ -216,6 +218,9 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
 
   np.testing.assert_array_equal(one.data["tokens"], eight.data["tokens"])
   np.testing.assert_array_equal(one.data["mask"], eight.data["mask"])
+  for k in ("old_logp", "ref_logp", "advantages", "old_values", "returns"):
+    if k in one.data:
+      np.testing.assert_allclose(one.data[k], eight.data[k], atol=2e-5, err_msg=k)
   m1, m8 = float_metrics(one.metrics), float_metrics(eight.metrics)
   assert m1.keys() == m8.keys()
   for k in m1:

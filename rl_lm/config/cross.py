@@ -97,6 +97,7 @@ def check(config: Any, num_devices: int) -> None:
              "config.reward.learned", "needs a reward_model stage before rl, or config.reward.model_checkpoint")
     rows["config.rl.prompts_per_step"] = r.prompts_per_step * r.group_size  # rows per step
     rows["config.rl.grad_accum"] = r.prompts_per_step * r.group_size // (r.minibatches * r.grad_accum)  # micro-batch
+    rows["config.rl.prepare_chunks"] = r.prompts_per_step * r.group_size // r.prepare_chunks  # rows per chunk
     rows["config.eval.rows"] = c.eval.rows
     lengths["config.rl.max_prompt_len"] = ("max_prompt_len + sampling.max_new_tokens",
                                            r.max_prompt_len + c.sampling.max_new_tokens)

@@ -108,6 +108,8 @@ class Rl(Section):
   epochs: int = knob(1, "(0, inf)")  # passes over each step's batch
   minibatches: int = knob(1, "(0, inf)")  # optimizer steps per epoch
   grad_accum: int = knob(1, "(0, inf)")  # micro-batches per optimizer step
+  prepare_chunks: int = knob(1, "(0, inf)")  # prepare scores the rows in this many chunks, one after another
+  #                                           (less memory at pod scale; 1: the whole batch at once)
   learning_rate: float = knob(1e-3, "(0, inf)")
   warmup_steps: int = knob(0, "[0, inf)")
   weight_decay: float = knob(0.0, "[0, inf)")
@@ -148,6 +150,8 @@ class Rl(Section):
     rows, per_update = self.prompts_per_step * self.group_size, self.minibatches * self.grad_accum
     self.require(rows % per_update == 0, "minibatches",
                  f"rows per step ({rows}) must split into minibatches * grad_accum = {per_update} equal parts")
+    self.require(rows % self.prepare_chunks == 0, "prepare_chunks",
+                 f"rows per step ({rows}) must split into {self.prepare_chunks} equal chunks")
     self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"must be 0 or > 1, got {self.dual_clip}")
     self.require(not loss.sequence_level or self.loss_mode == "seq-mean-token-mean", "loss_mode",
                  f"{self.policy_loss} is a sequence-level loss: needs 'seq-mean-token-mean', got {self.loss_mode!r}")

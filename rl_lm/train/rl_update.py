@@ -107,9 +107,22 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
     policy = policy_params(policy, reference, lora_cfg)
-    old_logp, entropy, _ = scoring.score_tokens(cfg, policy, rollout.tokens, attn, temperature)  # [B, T] each
-    ref_logp = scoring.score_tokens(cfg, reference, rollout.tokens, attn, temperature).logp
-    values = token_values(cfg, value, rollout.tokens, attn) if is_ppo else None
+
+    def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 or 4 x [b, T]
+      logp, entropy, _ = scoring.score_tokens(cfg, policy, tokens, attn, temperature)
+      ref_logp = scoring.score_tokens(cfg, reference, tokens, attn, temperature).logp
+      return (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
+
+    c = rl.prepare_chunks
+    if c == 1:
+      scores = score(rollout.tokens, attn)
+    else:  # chunk i holds rows i, i + c, i + 2c, ...: every chunk spread over the batch's shards alike
+      B = attn.shape[0]
+      split = lambda x: x.reshape(B // c, c, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731 -- [B, T] -> [c, B/c, T]
+      scores = jax.lax.map(lambda xs: score(*xs), (split(rollout.tokens), split(attn)))
+      scores = tuple(y.swapaxes(0, 1).reshape(B, *y.shape[2:]) for y in scores)
+    old_logp, entropy, ref_logp = scores[:3]  # [B, T] each
+    values = scores[3] if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
     is_w, keep, fix = jnp.ones_like(old_logp), comp, rl.correction
