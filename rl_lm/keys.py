@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from rl_lm import mesh as mesh_lib
 
 
 def is_typed(key: jax.Array) -> bool:
@@ -39,3 +42,19 @@ def as_row_keys(keys: jax.Array, rows: int) -> jax.Array:
   if tuple(keys.shape) != (rows,):
     raise ValueError(f"expected {rows} per-row keys, got a key array of shape {keys.shape}")
   return keys
+
+
+@jax.jit
+def _fold(key: jax.Array, data: jax.Array) -> jax.Array:
+  for i in range(data.shape[0]):
+    key = jax.random.fold_in(key, data[i])
+  return key
+
+
+def fold(key: jax.Array, *data: int) -> jax.Array:
+  """fold_in(... fold_in(key, data[0]) ..., data[-1]) for host integers, moved to the device explicitly (one
+  transfer, placed as the key is: a key replicated over the mesh gives a replicated key), so that a step's key
+  derivation passes `jax.transfer_guard("disallow")`. The same keys as `jax.random.fold_in` with the integers
+  (as uint32)."""
+  key = as_key(key)
+  return _fold(key, mesh_lib.put(np.asarray(data, np.uint32), key.sharding))  # beside the key (replicated)

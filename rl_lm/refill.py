@@ -138,7 +138,8 @@ def make_generate_fn(
   jitted = jit_generate(model_cfg, cfg, slots, mesh, rules)
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> sampling.Rollout:
-    stop_tokens, max_new_tokens = sampling.stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
+    stop_tokens, max_new_tokens = sampling.stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens,
+                                                           mesh, rules)
     return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
 
   return fn

@@ -293,19 +293,27 @@ def _generate(
   )
 
 
-def stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_tokens: Any
+def stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_tokens: Any,
+                    mesh: jax.sharding.Mesh | None = None, rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES
                     ) -> tuple[jax.Array, jax.Array]:
-  """A generate call's optional stop tokens and budgets as [B, K] and [B] int32 arrays (defaults from `cfg`)."""
+  """A generate call's optional stop tokens and budgets as [B, K] and [B] int32 device arrays (defaults from
+  `cfg`). Host values (None, lists, numpy) are shaped on the host and placed explicitly, with the batch sharding
+  when a mesh is given; device arrays stay where they are."""
+
+  def place(x: Any, shape: tuple[int, ...]) -> jax.Array:
+    if isinstance(x, jax.Array):
+      return jnp.broadcast_to(x.astype(jnp.int32), shape)
+    x = np.ascontiguousarray(np.broadcast_to(np.asarray(x, np.int32), shape))
+    return jax.device_put(x) if mesh is None else mesh_lib.put(x, mesh_lib.batch_sharding(mesh, rules, shape))
+
   if stop_tokens is None:
-    stop = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
-    stop_tokens = jnp.broadcast_to(stop[None, :], (batch, stop.shape[0]))
-  stop_tokens = jnp.asarray(stop_tokens, jnp.int32)
-  if stop_tokens.ndim == 1:
-    stop_tokens = jnp.broadcast_to(stop_tokens[None, :], (batch, stop_tokens.shape[0]))
+    stop_tokens = cfg.stop_tokens or (-1,)
+  if not isinstance(stop_tokens, jax.Array):
+    stop_tokens = np.asarray(stop_tokens, np.int32)
+  k = stop_tokens.shape[-1]
   if max_new_tokens is None:
     max_new_tokens = cfg.max_new_tokens
-  max_new_tokens = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (batch,))
-  return stop_tokens, max_new_tokens
+  return place(stop_tokens, (batch, k)), place(max_new_tokens, (batch,))
 
 
 def jit_generate(model_cfg: ModelConfig, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None,
@@ -328,7 +336,7 @@ def make_generate_fn(
   jitted = jit_generate(model_cfg, cfg, mesh, rules)
 
   def fn(params, prompts, prompt_lengths, rng, stop_tokens=None, max_new_tokens=None) -> Rollout:
-    stop_tokens, max_new_tokens = stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens)
+    stop_tokens, max_new_tokens = stop_and_budget(cfg, prompts.shape[0], stop_tokens, max_new_tokens, mesh, rules)
     return jitted(params, prompts, prompt_lengths, rng, stop_tokens, max_new_tokens)
 
   return fn

@@ -97,6 +97,13 @@ def test_invalid_episodes_excluded_from_group_stats():
   s2, v2 = jnp.array([2.0, 2.0, 9.0]), jnp.array([T, T, F])
   assert np.array_equal(np.asarray(advantages.grpo(s2, 3, valid=v2)), np.zeros(3))
   assert np.asarray(advantages.group_zero_variance(s2, 3, v2)).tolist() == [True]
+  # The host's numpy twin (the trainer's statistics between steps) agrees, here and on random groups.
+  assert advantages.group_zero_variance_host(np.asarray(s), 4, np.asarray(valid)).tolist() == [False, True]
+  assert advantages.group_zero_variance_host(np.asarray(s2), 3, np.asarray(v2)).tolist() == [True]
+  rng = np.random.default_rng(0)
+  r, m = rng.integers(0, 2, 600).astype(np.float32), rng.random(600) < 0.7
+  assert np.array_equal(advantages.group_zero_variance_host(r, 4, m),
+                        np.asarray(advantages.group_zero_variance(jnp.asarray(r), 4, jnp.asarray(m))))
 
 
 def test_group_size_must_divide_batch():

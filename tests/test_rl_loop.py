@@ -117,7 +117,7 @@ def make_ctx(config: ml_collections.ConfigDict, shape: tuple[int, int, int], wor
   """`train.context.make_context`, but over the first data*fsdp*tensor devices only."""
   mesh = mesh_lib.make_mesh(*shape, devices=jax.devices()[: int(np.prod(shape))])
   rules = mesh_lib.rules_from_config(config.mesh)
-  key = jax.random.key(config.seed)
+  key = jax.jit(lambda: jax.random.key(config.seed), out_shardings=mesh_lib.replicated(mesh))()
   model_cfg, params = build.load_or_init(config.model, mesh, rules, jax.random.fold_in(key, 0))
   return Context(config, workdir, mesh, rules, model_cfg, tokenizer_lib.from_config(config), params, key)
 
@@ -234,6 +234,25 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
   assert_tree_close(one.params, eight.params, atol=1e-5)  # measured: 6e-8
   if algorithm == "ppo":
     assert_tree_close(one.value_params, eight.value_params, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["grpo", "ppo on 8 devices, sampled ahead, dynamic sampling, refilled slots"])
+def test_the_rl_step_makes_every_transfer_explicit(variant, tmp_path):
+  """After the first step (compiles, the first placements), a step runs under jax.transfer_guard("disallow"):
+  every move between host and device is written out (device_put, mesh_lib.put / fetch), none is implicit. Keys
+  derive from host integers with `keys.fold`, the sampler's stop tokens and budgets are placed explicitly, and
+  the host's statistics between steps are numpy."""
+  extra = {} if variant == "grpo" else dict(algorithm="ppo", kl__placement="reward", max_staleness=1,
+                                            dynamic_sampling=True)
+  config = smoke_config(**extra)
+  if variant != "grpo":
+    config.sampling.slots = 4
+  shape = (1, 1, 1) if variant == "grpo" else (2, 2, 2)
+  trainer = RLTrainer(make_ctx(config, shape, str(tmp_path)), log=lambda _: None)
+  trainer.train_step(1)
+  with jax.transfer_guard("disallow"):
+    metrics = trainer.train_step(2)
+  assert np.isfinite(metrics["train/loss"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -378,7 +378,8 @@ class EpisodeRunner:
         continue
       pending[b] = self._frame(tracker[b], out.value, "environment", first=True)
       transcripts[b] = _shown(out.value, pending[b] is not None)
-    stop = np.asarray(sampling.stop_and_budget(self.scfg, B, None, None)[0])
+    stops = np.asarray(self.scfg.stop_tokens or (-1,), np.int32)
+    stop = np.broadcast_to(stops, (B, stops.shape[0]))
     stop_dev = self._put(stop)
     state = self._init()
     fill = np.zeros((B,), np.int32)
@@ -403,7 +404,7 @@ class EpisodeRunner:
         budget[b] = min(lim.turn_tokens, room)
       start = time.perf_counter()
       state, stopped = self._turn(params, state, self._put(obs), self._put(obs_len), self._put(budget),
-                                  jax.random.fold_in(rng, turn), stop_dev)
+                                  keys_lib.fold(rng, turn), stop_dev)
       new_fill, stopped, tokens = mesh_lib.fetch((state.fill, stopped, state.tokens))
       clock["policy"] += time.perf_counter() - start
       host_tokens = tokens

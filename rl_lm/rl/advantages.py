@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl_lm.registry import Registry
 from rl_lm.rl.masked import as_bool, masked_mean, masked_var, whiten
@@ -69,6 +70,15 @@ def group_zero_variance(scores: jax.Array, group_size: int, valid: jax.Array | N
   """
   s, v = _grouped(scores, group_size, valid)
   return _no_signal(s, v)[:, 0]
+
+
+def group_zero_variance_host(scores: np.ndarray, group_size: int, valid: np.ndarray) -> np.ndarray:
+  """`group_zero_variance` in numpy, for the host's statistics between steps (no device round trip)."""
+  s = np.asarray(scores, np.float32).reshape(-1, group_size)
+  v = np.asarray(valid, bool).reshape(-1, group_size)
+  hi = np.max(np.where(v, s, -np.inf), axis=1)
+  lo = np.min(np.where(v, s, np.inf), axis=1)
+  return (np.sum(v, axis=1) < 2) | (hi == lo)
 
 
 def grpo(

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_lm import evaluation, sampling
+from rl_lm import evaluation, keys, sampling
 from rl_lm.envs import base, episodes, failures, workers
 from rl_lm.tasks.base import Problem
 
@@ -146,7 +146,7 @@ class Agent:
         chunk = rows[c: c + R]
         padded = chunk + [chunk[0]] * (R - len(chunk))
         seeds = self._seeds(10**9, salt + c, R)  # a "step" no training batch has
-        batch = runner.run(params, padded, jax.random.fold_in(rng, c // R + salt), seeds)
+        batch = runner.run(params, padded, keys.fold(rng, c // R + salt), seeds)
         if runner is self.sampled:
           calls.append(batch.tool_calls[: len(chunk)])
         for b in range(len(chunk)):

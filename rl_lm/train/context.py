@@ -40,7 +40,9 @@ class Context:
 def make_context(config: Any, workdir: str) -> Context:
   mesh = mesh_lib.mesh_from_config(config.mesh)
   rules = mesh_lib.rules_from_config(config.mesh)
-  key = jax.random.key(config.seed)
+  # The run's root key, replicated over the mesh (made inside a jit: a global array on every process too), so
+  # that the keys derived from it each step stay where the jitted functions take them.
+  key = jax.jit(lambda: jax.random.key(config.seed), out_shardings=mesh_lib.replicated(mesh))()
   model_cfg, params = build.load_or_init(config.model, mesh, rules, jax.random.fold_in(key, 0))
   tok = tokenizer_lib.from_config(config)
   if tok.vocab_size > model_cfg.vocab_size:

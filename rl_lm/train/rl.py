@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm import diagnostics, evaluation, health, sampling
+from rl_lm import diagnostics, evaluation, health, keys, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm import metrics as metrics_lib
 from rl_lm.models import heads
@@ -256,7 +256,7 @@ class RLTrainer:
                                                      scored, self.state.kl.coef)
       jax.block_until_ready(train_batch)
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
-      key = jax.random.fold_in(jax.random.fold_in(self.ctx.key, 4), step)
+      key = keys.fold(self.ctx.key, 4, step)
       self.state, update_metrics = self.update_fn(self.state, train_batch, key, self.reference if self.lora else None)
       self._version = step
       rollout_metrics, update_metrics = mesh_lib.fetch((rollout_metrics, update_metrics))
@@ -311,9 +311,9 @@ class RLTrainer:
       pending = self._dispatch(step, problems, rng)
     return self._score(pending, timings)
 
-  def _key(self, step: int) -> jax.Array:
-    """The sampling key of a step's rollouts (fold_in(key, i) for its i-th)."""
-    return jax.random.fold_in(jax.random.fold_in(self.ctx.key, 3), step)
+  def _rollout_key(self, step: int, i: int) -> jax.Array:
+    """The sampling key of a step's i-th rollout (i > 0: dynamic sampling's extras)."""
+    return keys.fold(self.ctx.key, 3, step, i)
 
   def _refill(self, step: int) -> None:
     """With `rl.max_staleness` s > 0, keeps the rollouts of steps step + 1 ... step + s dispatched, sampled by the
@@ -328,7 +328,7 @@ class RLTrainer:
     queued = self._inflight[-1].step if self._inflight else step
     for t in range(queued + 1, horizon + 1):
       self._inflight.append(self._dispatch(t, self.curriculum.next_batch(self.rl.prompts_per_step),
-                                           jax.random.fold_in(self._key(t), 0)))
+                                           self._rollout_key(t, 0)))
 
   def _checkpoint_due(self, step: int) -> bool:
     return self._stage is not None and self._stage.due(step)
@@ -344,7 +344,7 @@ class RLTrainer:
     if self._inflight and self._inflight[0].step == step:
       return self._score(self._inflight.popleft(), timings), dropped
     problems = self.curriculum.next_batch(self.rl.prompts_per_step)
-    return self._rollout(problems, jax.random.fold_in(self._key(step), 0), timings, step), dropped
+    return self._rollout(problems, self._rollout_key(step, 0), timings, step), dropped
 
   def _trains(self, episodes: Episodes) -> np.ndarray:
     """Rows that train: the verifier decided, and (with overlong masking) the completion finished. [B]"""
@@ -352,13 +352,13 @@ class RLTrainer:
 
   def _zero_variance(self, episodes: Episodes) -> np.ndarray:
     """Groups whose training rows all scored the same (no signal). [groups]"""
-    return np.asarray(adv_lib.group_zero_variance(episodes.scores, self.G, self._trains(episodes)))
+    return adv_lib.group_zero_variance_host(episodes.scores, self.G, np.broadcast_to(self._trains(episodes),
+                                                                                   episodes.scores.shape))
 
   def collect(self, step: int, timings: dict[str, float]) -> tuple[Episodes, list[Episodes], dict[str, float]]:
     """One step's episodes, every rollout drawn for them, and the dynamic-sampling statistics. With dynamic
     sampling, zero-variance groups are replaced by fresh ones."""
     P, G = self.rl.prompts_per_step, self.G
-    key = self._key(step)
     first, dropped = self._first_rollout(step, timings)
     seen = [first]
     zero_var = [self._zero_variance(seen[0])]
@@ -368,7 +368,7 @@ class RLTrainer:
     if not self.rl.dynamic_sampling:
       return seen[0], seen, stats
     while len(seen) <= self.rl.max_extra_rollouts and sum(int((~z).sum()) for z in zero_var) < P:
-      seen.append(self._rollout(self.curriculum.next_batch(P), jax.random.fold_in(key, len(seen)), timings))
+      seen.append(self._rollout(self.curriculum.next_batch(P), self._rollout_key(step, len(seen)), timings))
       zero_var.append(self._zero_variance(seen[-1]))
       stats["dynamic/extra_rollouts"] = float(len(seen) - 1)
     # Exactly P groups (fixed shapes): signal first, zero-variance groups only if short.
@@ -376,7 +376,8 @@ class RLTrainer:
     groups = np.concatenate([np.flatnonzero(~flat), np.flatnonzero(flat)])[:P]
     rows = (groups[:, None] * G + np.arange(G)).reshape(-1)
     stats["dynamic/kept_signal_frac"] = float(min(int((~flat).sum()), P) / P)
-    return Episodes.select(seen, rows, self._take), seen, stats
+    take = lambda tree, r: self._take(tree, mesh_lib.put(r, mesh_lib.replicated(self.ctx.mesh)))  # noqa: E731
+    return Episodes.select(seen, rows, take), seen, stats
 
   def _update_curriculum(self, episodes: Episodes) -> None:
     G = self.G
@@ -415,7 +416,7 @@ class RLTrainer:
     cfg = self.config.eval
     # The same key at every evaluation (common random numbers): before/after differences reflect the
     # policy, not a fresh draw of sampling noise.
-    key = jax.random.fold_in(self.ctx.key, 5)
+    key = keys.fold(self.ctx.key, 5)
     params = self.policy()
 
     sampled: list[tuple[str, str]] = []

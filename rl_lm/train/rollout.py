@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rl_lm import keys, refill, sampling, tokenizer
 from rl_lm import mesh as mesh_lib
-from rl_lm import refill, sampling, tokenizer
 from rl_lm.models.presets import ModelConfig
 
 
@@ -93,7 +93,7 @@ class Sampler:
     prompts, lengths = self.encode(texts)
     params = self.params(params)
     put = lambda x: mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
-    return self._generate(params, put(prompts), put(lengths), jax.random.fold_in(rng, 0))
+    return self._generate(params, put(prompts), put(lengths), keys.fold(rng, 0))
 
   def finish(self, out: sampling.Rollout) -> tuple[dict[str, np.ndarray], list[str]]:
     """Waits for a dispatched rollout and brings tokens, lengths and `finished` to the host (once), to decode the
@@ -112,7 +112,7 @@ class Sampler:
     """Samples one completion per text. Returns host arrays (see `sampling.Rollout`) plus `texts`."""
     prompts, lengths = self.encode(texts)
     params = self.params(params)
-    generate = lambda c, b: self._generate(params, b["prompts"], b["lengths"], jax.random.fold_in(rng, c))
+    generate = lambda c, b: self._generate(params, b["prompts"], b["lengths"], keys.fold(rng, c))
     result = in_batches(generate, {"prompts": prompts, "lengths": lengths}, self.rows, self.mesh, self.rules)._asdict()
     P = self.prompt_len
     result["texts"] = [self.tok.decode(result["tokens"][i, P: P + result["lengths"][i]]) for i in range(len(texts))]
