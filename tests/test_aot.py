@@ -1,11 +1,12 @@
-"""Ahead-of-time compilation for TPU slices on this CPU (rl_lm/aot), and the pod launcher's pre-flight.
+"""Ahead-of-time compilation for TPU slices and H100 GPUs on this CPU (rl_lm/aot), and the pod launcher's pre-flight.
 
-The compile tests need libtpu (requirements-test.txt pins it); without it they are skipped, saying so. The
-unit tests of names, parsing and the analytic count need nothing.
+The compile tests need libtpu, or for GPUs the CUDA plugin and ptxas (requirements-test.txt pins them); without
+them they are skipped, saying so. The unit tests of names, parsing and the analytic count need nothing.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import stat
@@ -33,6 +34,9 @@ except ImportError:
   HAVE_LIBTPU = False
 needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -r "
                                   "requirements-test.txt pins libtpu==0.0.42.1): nothing to compile for TPUs with")
+HAVE_CUDA = chips._spec("jax_plugins.xla_cuda12") is not None and chips.cuda_data_dir() is not None
+needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="the CUDA plugin or ptxas is not installed (pip install -r "
+                                "requirements-test.txt pins them): nothing to compile for GPUs with")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -59,9 +63,24 @@ def test_topology_names(name, chip, shape, n_chips, hosts):
     assert chips.resolve(t.accelerator_type).shape == shape
 
 
+@pytest.mark.parametrize("name, shape, jax_name", [
+  ("h100-8", (1, 8), "1x1x8"),  # one host of 8
+  ("h100-16", (2, 8), "1x2x8"),  # two hosts of 8
+  ("H100-4", (1, 4), "1x1x4"),  # part of a host
+  ("h100-64", (8, 8), "1x8x8"),
+])
+def test_gpu_topology_names(name, shape, jax_name):
+  t = chips.resolve(name)
+  assert t.gpu and t.chip.name == "h100" and t.chip.platform == "cuda"
+  assert (t.shape, t.chips, t.hosts, t.jax_name) == (shape, shape[0] * shape[1], shape[0], jax_name)
+  assert t.accelerator_type == f"h100-{t.chips}"
+  assert not chips.resolve("v5e-8").gpu
+
+
 @pytest.mark.parametrize("name, match", [
   ("v5p-3", "count TensorCores"), ("v5p-384", "give its shape as jax names it"), ("v7-8", "unknown topology"),
-  ("v5e:2x2x2", "has 2 sides"), ("tpu", "unknown topology"),
+  ("v5e:2x2x2", "has 2 sides"), ("tpu", "unknown topology"), ("h100-12", "come 8 to a host"),
+  ("h100-0", "come 8 to a host"), ("a100-8", "unknown topology"),
 ])
 def test_bad_topology_names(name, match):
   with pytest.raises(chips.TopologyError, match=match):
@@ -73,6 +92,26 @@ def test_chip_facts_are_complete_and_sourced():
     assert chip.peak_flops > 1e14 and chip.hbm_bandwidth > 5e11 and chip.ici_bandwidth > 1e11
     assert 0.9 * chip.hbm_gib < chip.usable_gib < 1.02 * chip.hbm_gib  # XLA keeps a little for itself
     assert "cloud.google.com/tpu/docs/" in chip.source
+
+
+def test_gpu_facts_agree_with_the_description_xla_compiles_for():
+  """The H100's figures (chips.py) and its description (h100_sxm.txtpb) say the same, and the dense bf16 peak is
+  what the SMs make: 132 SMs x 4 tensor cores x 512 FMA per clock at the 1.83 GHz boost NVIDIA rates it at."""
+  import re
+
+  chip = chips.GPUS["h100"]
+  text = chips.TARGET_CONFIGS["h100"].read_text()
+
+  def field(name: str) -> float:
+    return float(re.search(rf"^\s*{name}: ([\d.]+)", text, re.M).group(1))
+
+  assert field("device_memory_size") == chip.hbm_gib * chips.GIB
+  assert field("memory_bandwidth") == chip.hbm_bandwidth == 3.35e12
+  assert chip.usable_gib == pytest.approx(0.75 * chip.hbm_gib) and 59 < chip.usable_gib < 60
+  assert f'name: "{chip.device_kind}"' in text and f'device_description_str: "{chip.device_kind}"' in text
+  assert field("core_count") * 4 * 512 * 2 * 1.83e9 == pytest.approx(chip.peak_flops, rel=1e-3)
+  assert (chip.ici_bandwidth, chip.host_bandwidth, chip.per_host) == (900e9, 100e9, 8)
+  assert "nvidia.com" in chip.source
 
 
 def test_out_of_memory_messages_parse():
@@ -106,6 +145,49 @@ def test_collectives_are_counted_with_their_bytes():
   assert found["all-to-all"] == [0, 0]
   assert hlo.loops(HLO) == 1
   assert hlo.describe(found) == "AG 1: 4.0 MiB, RS 1: 4.0 KiB, AR 1: 4.0 KiB, CP 1: 2.0 KiB"
+
+
+@pytest.mark.parametrize("line, expected", [
+  ("replica_groups={{0,2},{1,3}}, dimensions={0}", [[0, 2], [1, 3]]),
+  ("source_target_pairs={{0,1},{1,0}}, channel_id=3", [[0, 1], [1, 0]]),
+  ("replica_groups={}, to_apply=%add", []),
+  ("replica_groups=[2,4]<=[8], use_global_device_ids=true", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+  ("replica_groups=[2,4]<=[4,2]T(1,0), use_global_device_ids=true", [[0, 2, 4, 6], [1, 3, 5, 7]]),
+  # over mesh axes: the devices laid out on the mesh (here transposed), one group per position of the other axes
+  ("replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, dimensions={0}",
+   [[0, 1, 2, 3], [4, 5, 6, 7]]),
+  ("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, to_apply=%add", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+  ("replica_groups=mesh['a'=16] {'a':(2)4}, dimensions={0}", [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14],
+                                                              [9, 11, 13, 15]]),
+  ("dimensions={0}", None),
+])
+def test_collective_groups_parse(line, expected):
+  assert hlo.groups(line) == expected
+
+
+def test_collectives_across_hosts_are_told_apart():
+  text = textwrap.dedent("""\
+    %a = bf16[1024]{0} all-reduce-start(%x), channel_id=1, replica_groups=[2,8]<=[16], to_apply=%add
+    %b = bf16[2048]{0} all-reduce-start(%y), channel_id=2, replica_groups=[8,2]<=[2,8]T(1,0), to_apply=%add
+    %c = f32[8]{0} all-reduce(%z), channel_id=3, replica_groups={}, to_apply=%add
+    %d = (f32[4]{0}, f32[4]{0}) collective-permute-start(%w), channel_id=4, source_target_pairs={{7,8},{8,7}}
+  """)
+  # %a within each host of 8; %b pairs GPU i with GPU i + 8; %c every GPU; %d GPU 7 with GPU 8
+  assert hlo.across_hosts(text, per_host=8, devices=16) == 2048 * 2 + 8 * 4 + 4 * 4
+  assert hlo.across_hosts(text, per_host=16, devices=16) == 0
+
+
+def test_gpu_roofline_puts_collectives_across_hosts_on_the_network():
+  from rl_lm.aot import report
+
+  cost = measure.Cost(flops=989e9, bytes=3.35e9)  # 1 ms of FLOPs at peak, 1 ms of HBM traffic
+  cost.collectives["all-reduce"] = [2.0, 0.9e9 + 0.05e9]  # 1 ms of NVLink, and 0.5 ms of the network's
+  one_host, two_hosts = chips.resolve("h100-8"), chips.resolve("h100-16")
+  assert report.roofline_seconds(cost, one_host) == pytest.approx(0.95e9 / 900e9)
+  cost.across_hosts = 0.05e9
+  assert report.roofline_seconds(cost, two_hosts) == pytest.approx(0.9e9 / 900e9 + 0.05e9 / 100e9)
+  cost.collectives["all-reduce"][1] = cost.across_hosts = 0.0
+  assert report.roofline_seconds(cost, two_hosts) == pytest.approx(1e-3)
 
 
 def test_analytic_count_by_hand():
@@ -206,14 +288,19 @@ def test_every_program_of_every_stage_lowers(config_name, overrides):
 # Compiling for TPU slices (libtpu)
 
 
+# The tool sets its own (jax's import set this process's TF_CPP_MIN_LOG_LEVEL; a user's shell has none).
+_TOOL_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")
+
+
 def _aot(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}  # the tool sets its own
+  env = {k: v for k, v in os.environ.items() if k not in _TOOL_ENV}
   return subprocess.run([sys.executable, "-m", "rl_lm.aot", *args], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=timeout)
 
 
-def _rl_results(topology: str, tmp_path: Path) -> tuple[dict, chips.Topology]:
-  """The RL step of a small preset, its weights over every chip (fsdp), compiled and costed for `topology`."""
+def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None) -> tuple[dict, chips.Topology]:
+  """The RL step of a small preset, its weights over every chip (fsdp), compiled and costed for `topology`; only
+  the programs named in `keep`, if given."""
   from configs import default
   from rl_lm import config as config_lib
   from rl_lm import mesh as mesh_lib
@@ -231,7 +318,10 @@ def _rl_results(topology: str, tmp_path: Path) -> tuple[dict, chips.Topology]:
   config_lib.validate(config, num_devices=t.chips)
   mesh = mesh_lib.make_mesh(1, -1, 1, devices=chips.devices(t))
   a = programs.context(config, mesh)
-  measured = measure.measure(stages.configured(a), a.model, workers=2, log=lambda *_: None)
+  built = stages.configured(a)
+  for stage in built:
+    stage.programs = [p for p in stage.programs if keep is None or p.name in keep]
+  measured = measure.measure(built, a.model, workers=2, log=lambda *_: None, topology=t)
   rows = {r.label: r for r in report.rows(measured, t)}
   return {"rows": rows, "a": a, "measured": measured}, t
 
@@ -259,15 +349,17 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
   assert shards <= update.compiled.memory.argument < 1.6 * shards + batch
   assert update.compiled.memory.argument < whole / 2
   # XLA's FLOPs, loops accounted for (1 epoch x 2 minibatches x 2 micro-batches, 32 decode steps), agree with the
-  # analytic count. Its time estimate too where it gives one: for some of these tiny v5e programs it says -1 (an
-  # op it cannot model), and the row is flagged instead of shown.
+  # analytic count. Its time estimate is XLA's where it gives one; for some of these tiny v5e programs it says -1
+  # (an op it cannot model), and the time is the roofline of the counts instead, labelled so.
   for name in ("rl/generate", "rl/generate:prefill", "rl/generate:decode", "rl/prepare", "rl/update"):
     row = rows[name]
     assert report.FLAG_LOW <= row.ratio <= report.FLAG_HIGH, (name, row.ratio)
-    if topology == "v5p:2x2x2" or row.checked:
-      assert row.checked and row.seconds > 0 and row.tokens_per_s > 0, (name, row.why)
+    assert row.checked and row.seconds > 0 and row.tokens_per_s > 0, (name, row.why)
+    if topology == "v5p:2x2x2" or row.basis == "xla":
+      assert row.basis == "xla" and row.seconds == row.result.cost.seconds, name
     else:
-      assert row.why == "flagged: XLA gave no time estimate (optimal_seconds < 0) for a piece" and row.mfu is None
+      assert row.basis == "roofline" and row.seconds == report.roofline_seconds(row.result.cost, t), name
+      assert row.why.startswith("XLA gave no time for a piece")
   if topology == "v5p:2x2x2":
     assert 0 < rows["rl/update"].mfu < 1 and 0 < rows["rl/prepare"].mfu < 1
     assert rows["rl/generate:decode"].roofline >= 1.0  # no program beats the HBM roofline
@@ -277,6 +369,68 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
   assert gen.flops < rows["rl/generate:prefill"].result.cost.flops + a.config.sampling.max_new_tokens * dec.flops
   # FSDP gathers the weights: the update's pieces all-gather (and reduce) them.
   assert update.cost.collectives["all-gather"][0] > 0
+
+
+@needs_cuda
+def test_rl_step_compiles_for_8_h100s_fits_and_is_sharded(tmp_path):
+  """The RL update for one host of 8 H100s, compiled here by the CUDA plugin: it fits, its state is spread over the
+  GPUs, XLA's FLOPs agree with the analytic count and the time is the roofline of its counts (XLA:GPU has none)."""
+  from rl_lm.aot import programs, report, stages
+
+  out, t = _rl_results("h100-8", tmp_path, keep=frozenset({"update"}))
+  rows, a = out["rows"], out["a"]
+  assert set(rows) == {"rl/update"} and (t.chips, t.hosts) == (8, 1)
+  row = rows["rl/update"]
+  update = row.result
+  assert update.compiled.error == "" and row.fits and 0 < row.needed < t.chip.usable_bytes
+  state = stages.rl_state(a, a.model).state
+  whole = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+  shards = programs.per_chip_bytes(state)
+  assert shards == pytest.approx(whole / 8, rel=0.02)  # the norms and counters are all that is replicated
+  batch = programs.per_chip_bytes(update.program.memory.args[1])
+  assert shards <= update.compiled.memory.argument <= shards + batch + 2**20  # no tiles to pad, unlike a TPU's
+  # FLOPs of 1 epoch x 2 minibatches x 2 micro-batches (HloCostAnalysis of each GPU's program) match the analytic
+  # count; the time is the roofline of those counts, said so, with no note on every row.
+  assert report.FLAG_LOW <= row.ratio <= report.FLAG_HIGH, row.ratio
+  assert row.checked and row.basis == "roofline" and row.why == "" and math.isnan(update.cost.seconds)
+  assert row.seconds == report.roofline_seconds(update.cost, t) > 0
+  assert 0 < row.mfu < 1 and row.tokens_per_s > 0
+  assert update.cost.collectives["all-gather"][0] > 0 and update.cost.across_hosts == 0  # FSDP, on one host
+  text = report.tables(report.rows(out["measured"], t), t)
+  assert "(roofline)" in text and "XLA:GPU gives no estimate" in text and "59.33 GiB usable" in text
+
+
+def test_gpus_without_the_cuda_plugin_exit_2_in_one_line(tmp_path):
+  """Where the CUDA plugin is not installed (hidden here), asking for GPUs says what to install, in one line."""
+  hide = ("import importlib.util, runpy, sys; find = importlib.util.find_spec; importlib.util.find_spec = "
+          "lambda name, *a: None if name.startswith('jax_plugins') else find(name, *a); "
+          "sys.argv[0] = 'rl_lm.aot'; runpy.run_module('rl_lm.aot', run_name='__main__')")
+  env = {k: v for k, v in os.environ.items() if k not in _TOOL_ENV}
+  run = subprocess.run([sys.executable, "-c", hide, "--config=configs/sample.py:smoke", "--topology=h100-8",
+                        f"--workdir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+    f"rl_lm.aot: h100-8: compiling for GPUs needs the CUDA plugin and ptxas: pip install {chips.CUDA_PACKAGES} "
+    "(requirements-test.txt)"], run.stderr[-2000:]
+
+
+@needs_cuda
+def test_a_config_too_big_for_the_gpus_is_refused_in_one_line(tmp_path):
+  """XLA:GPU compiles a program bigger than the GPU; the tool refuses it against JAX's memory pool, in one line,
+  and nothing from CUDA reaches stderr."""
+  import json
+
+  # Qwen2.5-32B's float32 weights whole on every GPU (the smoke config's mesh is all data parallel): 122 GiB each.
+  run = _aot("--config=configs/sample.py:smoke", "--topology=h100-8", f"--workdir={tmp_path}", "--nocost",
+             "--config.model.preset=qwen2.5-32b")
+  assert run.returncode == 2, run.stderr[-2000:]
+  lines = run.stderr.strip().splitlines()
+  assert len(lines) == 1, run.stderr
+  assert lines[0].startswith("rl_lm.aot: does not fit: sample/generate needs 12")
+  assert "GiB per chip of 59.33 GiB (h100): try " in lines[0]
+  assert lines[0].endswith("more GPUs, mesh.fsdp=-1 (the weights over every chip)")
+  assert "8 NVIDIA H100 80GB HBM3 GPUs, 1 host of 8, 59.33 GiB usable per GPU" in run.stdout
+  data = json.loads((tmp_path / "aot_h100-8.json").read_text())
+  assert data["chip"]["platform"] == "cuda" and data["topology"]["jax"] == "1x1x8" and not data["fits"]
 
 
 @needs_libtpu
@@ -323,8 +477,8 @@ def test_search_finds_the_fastest_mesh_that_fits(tmp_path):
 def test_bad_topology_and_config_exit_2_in_one_line(tmp_path):
   run = _aot("--config=configs/sample.py:smoke", "--topology=v9-8", f"--workdir={tmp_path}")
   assert run.returncode == 2 and run.stderr.strip().splitlines() == [
-    "rl_lm.aot: unknown topology 'v9-8': give an accelerator type (v5p-64, v5litepod-8, v5e-8, v6e-8, v4-32) or a "
-    "jax topology (v5e:2x2, v5p:2x2x2)"]
+    "rl_lm.aot: unknown topology 'v9-8': give an accelerator type (v5p-64, v5litepod-8, v5e-8, v6e-8, v4-32), a "
+    "jax topology (v5e:2x2, v5p:2x2x2) or GPUs (h100-8, h100-16)"]
   run = _aot("--config=configs/sample.py:smoke", "--topology=v5e:2x2", f"--workdir={tmp_path}",
              "--config.sample.batch_size=6")
   assert run.returncode == 2 and run.stderr.strip().splitlines() == [

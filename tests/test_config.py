@@ -96,7 +96,8 @@ def test_unknown_variant_and_missing_workdir(tmp_path):
 VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"],
             "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"],
             "smollm2_arithmetic": [None, "smoke", "gpu"], "calculator": [None, "smoke", "faults", "local"],
-            "smollm2_python_tool": [None, "smoke"], "worked": [None, "smoke", "dr_grpo"]}
+            "smollm2_python_tool": [None, "smoke"], "worked": [None, "smoke", "dr_grpo"],
+            "pod": [None, "model=llama-3.1-8b,recipe=lora", "recipe=ppo"]}
 # These convert the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest).
 NEEDS_WHEEL = {"smollm2_arithmetic", "smollm2_python_tool"}
 

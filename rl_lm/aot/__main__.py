@@ -1,7 +1,9 @@
 """`python -m rl_lm.aot --config=configs/<x>.py[:variant] --topology=v5p-64 [--search] [--config.key=value ...]`.
 
 Compiles every jitted function of the run's stages for a TPU slice, on this CPU (libtpu compiles for devices
-it never touches), and says whether each fits the chip's HBM and how fast XLA expects it to be. The config is
+it never touches), and says whether each fits the chip's HBM and how fast XLA expects it to be. With
+`--topology=h100-8` (or h100-16: two hosts) it compiles for H100 GPUs instead, through the CUDA plugin (no GPU
+needed), and the time is a roofline of XLA's counts (XLA:GPU gives no estimate of its own). The config is
 parsed and validated as `rl_lm.main` does, for the slice's chip count. Prints the slice it resolved (chips,
 hosts), then a memory table and a cost table (rl_lm/aot/report.py), and writes them as JSON to
 <workdir>/aot_<topology>.json (--workdir, default a folder under the system's temporary directory).
@@ -22,7 +24,10 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # it compiles for TPUs and never needs a device of its own
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # it compiles for TPUs or GPUs and never needs a device of its own
+# XLA's C++ logs would only repeat on stderr, unasked, what the tool reports itself (XLA:GPU logs an error for a
+# program bigger than the GPU, and its rematerialisation's warnings); read when the backends load, so set here.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
@@ -32,7 +37,8 @@ from absl import app, flags  # noqa: E402
 from rl_lm import errors  # noqa: E402
 from rl_lm import main as main_lib  # noqa: E402 -- its --config and --workdir flags, and their parsing
 
-_TOPOLOGY = flags.DEFINE_string("topology", None, "The TPU slice: v5p-64, v5litepod-8, v6e-8, v4-32, or v5e:2x2 ...")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "The TPU slice (v5p-64, v5litepod-8, v6e-8, v4-32, v5e:2x2 ...) or "
+                                 "GPUs (h100-8: one host of 8 H100s; h100-16: two)")
 _SEARCH = flags.DEFINE_bool("search", False, "Try every mesh shape that divides the slice; report the fastest.")
 _COST = flags.DEFINE_bool("cost", True, "Estimate cost (FLOPs, seconds, MFU); --nocost: memory only.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Compiles run at once.")
@@ -81,7 +87,7 @@ def run(config: Any, topology_name: str, workdir: str, search: bool, cost: bool,
   print(f"rl_lm.aot: mesh {shape}; model {config.model.hf_checkpoint or config.model.preset} "
         f"({a.model.num_params() / 1e9:.2f}B parameters, {a.model.dtype} compute, {a.model.param_dtype} weights); "
         f"stages {', '.join(config.stages)}", flush=True)
-  measured = measure.measure(stages_lib.configured(a, cost), a.model, workers)
+  measured = measure.measure(stages_lib.configured(a, cost), a.model, workers, topology=topology)
   rows = report.rows(measured, topology)
   print(report.tables(rows, topology), flush=True)
   line = report.refusal(rows, config, topology, shape)
@@ -98,7 +104,7 @@ def main(argv: list[str]) -> None:
   if config is None:
     refuse("rl_lm.aot: --config is required, e.g. --config=configs/gsm8k_qwen.py")
   if not _TOPOLOGY.value:
-    refuse("rl_lm.aot: --topology is required, e.g. --topology=v5p-64 (or v5litepod-8, v6e-8, v4-32, v5e:2x2)")
+    refuse("rl_lm.aot: --topology is required, e.g. --topology=v5p-64 (or v5litepod-8, v6e-8, v4-32, v5e:2x2, h100-8)")
   workdir = workdir or os.path.join(tempfile.gettempdir(), "rl_lm_aot")
   try:
     line = run(config, _TOPOLOGY.value, workdir, _SEARCH.value, _COST.value, _WORKERS.value)

@@ -5,12 +5,23 @@ XLA:TPU writes a collective either at once (`all-gather(...)`, `all-reduce(...)`
 (an all-gather's gathered result, a reduce-scatter's input, a permute's message), summed over the arrays of a
 variadic op. A collective inside a loop body appears once in the text: `loops` says whether any loop remains
 (the cost programs unroll theirs, so their counts are per run).
+
+Across hosts: GPUs of one host talk over NVLink, GPUs of different hosts over the network, an order of magnitude
+slower. `across_hosts` sums the bytes of the collectives whose device groups hold devices of more than one host.
+XLA writes the groups three ways: listed (`replica_groups={{0,1},{2,3}}`, a permute's `source_target_pairs`), as
+an iota (`replica_groups=[G,S]<=[dims]T(perm)`), or over the axes of a mesh (`replica_groups=mesh['axis_0'=2,
+'axis_1'=8], device_ids=([8,2]T(1,0)) {'axis_1'}`: the devices laid out on the mesh, one group per position of
+the other axes; `'axis_1':(2)4` is the middle part of that axis split as 2 x 4 x rest). The ids are the program's
+devices in order (SPMD partitions, `use_global_device_ids`), which `rl_lm.mesh.make_mesh` lays out host by host:
+id // (devices per host) is the host.
 """
 
 from __future__ import annotations
 
 import math
 import re
+
+import numpy as np
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 SHORT = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR", "all-to-all": "A2A",
@@ -31,20 +42,100 @@ def _arrays(shape: str) -> list[int]:
   return out
 
 
+def _moved(line: str) -> tuple[str, int] | None:
+  """(kind, bytes) of the collective an HLO instruction line is, or None."""
+  m = _OP.search(line)
+  if m is None:
+    return None
+  shape, kind, start = m.group(1), m.group(2), m.group(3)
+  sizes = _arrays(shape)
+  if not sizes:
+    return None
+  return kind, max(sizes) if start or not shape.startswith("(") else sum(sizes)
+
+
 def collectives(text: str) -> dict[str, list[float]]:
   """{kind: [count, bytes]} over the instructions of an HLO module's text (each written instruction once)."""
   found = {k: [0.0, 0.0] for k in KINDS}
   for line in text.splitlines():
-    m = _OP.search(line)
-    if m is None:
-      continue
-    shape, kind, start = m.group(1), m.group(2), m.group(3)
-    sizes = _arrays(shape)
-    if not sizes:
-      continue
-    found[kind][0] += 1
-    found[kind][1] += max(sizes) if start or not shape.startswith("(") else sum(sizes)
+    moved = _moved(line)
+    if moved is not None:
+      found[moved[0]][0] += 1
+      found[moved[0]][1] += moved[1]
   return found
+
+
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((?:\[([\d,]+)\](?:T\(([\d,]+)\))?|"
+                          r"([\d,\s]+))\))?\s*\{([^}]*)\}")
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(\{[\d,{}\s]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
+_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+
+
+def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
+  ids = np.arange(math.prod(dims)).reshape(dims)
+  return ids.transpose(perm) if perm else ids
+
+
+def _ints(text: str | None) -> list[int]:
+  return [int(x) for x in (text or "").split(",") if x.strip()]
+
+
+def _mesh_groups(m: re.Match) -> list[list[int]]:
+  """The groups of `replica_groups=mesh[...] device_ids=(...) {axes}` (see the module docstring)."""
+  axes = [(name, int(size)) for name, size in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+  sizes = [size for _, size in axes]
+  if m.group(2):
+    ids = _iota(_ints(m.group(2)), _ints(m.group(3)) or None).reshape(sizes)
+  elif m.group(4):
+    ids = np.asarray(_ints(m.group(4))).reshape(sizes)
+  else:
+    ids = np.arange(math.prod(sizes)).reshape(sizes)
+  shape, over = [], []  # each axis split into its parts, and which parts the collective runs over
+  for name, size in axes:
+    part = re.search(rf"'{re.escape(name)}'(?::\((\d+)\)(\d+))?", m.group(5))
+    if part is None:
+      shape.append(size)
+    elif part.group(1) is None:
+      over.append(len(shape))
+      shape.append(size)
+    else:
+      before, middle = int(part.group(1)), int(part.group(2))
+      over.append(len(shape) + 1)
+      shape += [before, middle, size // (before * middle)]
+  ids = ids.reshape(shape)
+  rest = [i for i in range(len(shape)) if i not in over]
+  return ids.transpose(rest + over).reshape(-1, math.prod(shape[i] for i in over)).tolist()
+
+
+def groups(line: str) -> list[list[int]] | None:
+  """The device groups of a collective's line: its replica groups (or a permute's source-target pairs); [] for
+  `replica_groups={}` (every device, one group); None when the line names none."""
+  m = _MESH_GROUPS.search(line)
+  if m is not None:
+    return _mesh_groups(m)
+  m = _GROUPS.search(line)
+  if m is None:
+    return None
+  text = m.group(1)
+  iota = _IOTA.fullmatch(text)
+  if iota is None:
+    return [[int(i) for i in g.split(",") if i.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+  return _iota(_ints(iota.group(2)), _ints(iota.group(3)) or None).reshape(_ints(iota.group(1))).tolist()
+
+
+def across_hosts(text: str, per_host: int, devices: int) -> float:
+  """Bytes of the collectives (counted as `collectives` counts them) whose groups span more than one host of
+  `per_host` devices, in a program over `devices` devices."""
+  total = 0.0
+  for line in text.splitlines():
+    moved = _moved(line)
+    if moved is None:
+      continue
+    found = groups(line)
+    spans = [list(range(devices))] if not found else found  # no groups, or {}: every device together
+    if any(len({i // per_host for i in g}) > 1 for g in spans):
+      total += moved[1]
+  return total
 
 
 def loops(text: str) -> int:

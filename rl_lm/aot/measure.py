@@ -1,4 +1,4 @@
-"""Compiling the programs of rl_lm/aot/programs.py for a TPU slice, and what XLA says about each.
+"""Compiling the programs of rl_lm/aot/programs.py for a TPU slice or GPUs, and what XLA says about each.
 
 Memory: each program as the run calls it is compiled once; `memory_analysis()` gives its per-chip arguments,
 outputs, temporaries, aliased (donated) bytes and code. A program too large for the chip fails to compile with
@@ -15,6 +15,13 @@ it. The collectives counted are the pieces' too. A loop longer than the limit (P
 a loop and is counted once; `Cost.loops` says how many remained. XLA:TPU gives some programs a negative
 `optimal_seconds` (-1 per op its model does not cover; seen on small v5e programs): such a piece's time is
 unknown (NaN), and so is every sum it enters, which the report flags.
+
+XLA:GPU has no cost analysis of a compiled executable (it returns None) and no time estimate at all. Its FLOPs
+and bytes are XLA's HloCostAnalysis run over the optimised, partitioned module of one GPU (through the CPU
+client, which has the pass), and its time is the report's roofline. Matmuls XLA hands to cuBLAS as custom calls
+would not be counted there; without a GPU to autotune on, XLA:GPU emits its matmuls as Triton fusions, which are,
+and the analytic check catches the day that changes. XLA:GPU has no windowed einsums unless asked
+(`xla_gpu_threshold_for_windowed_einsum_mib`), so its cost pieces need no options of their own.
 
 Compiles run in a pool of threads (XLA releases the GIL while it compiles); tracing stays in the caller's thread.
 """
@@ -33,31 +40,35 @@ from typing import Any
 import jax
 
 from rl_lm.aot import hlo
+from rl_lm.aot.chips import Topology, compile_options
 from rl_lm.aot.programs import Call, Program, Stage, Term
 from rl_lm.models.presets import ModelConfig
 
 UNROLL_LIMIT = 64
-# The cost pieces' compiler options: no collective matmul loops (their bodies would be counted once).
-COST_OPTIONS = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-                "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+# The cost pieces' compiler options, by platform: no collective matmul loops (their bodies would be counted once).
+COST_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False},
+                "cuda": {}}
 
 
 @dataclasses.dataclass
 class Cost:
-  """XLA's estimate for one chip: FLOPs, bytes accessed, optimal seconds, collectives {kind: [count, bytes]}."""
+  """XLA's estimate for one chip: FLOPs, bytes accessed, optimal seconds, collectives {kind: [count, bytes]}, and
+  the bytes of those collectives that cross hosts (GPUs of more than one host; 0 for TPU slices)."""
 
   flops: float = 0.0
   bytes: float = 0.0
   seconds: float = 0.0
   collectives: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {k: [0.0, 0.0] for k in hlo.KINDS})
   loops: int = 0
+  across_hosts: float = 0.0
 
   def combine(self, other: Cost, a: float = 1.0, b: float = 1.0) -> Cost:
     """a * self + b * other."""
     return Cost(a * self.flops + b * other.flops, a * self.bytes + b * other.bytes,
                 a * self.seconds + b * other.seconds,
                 {k: [a * self.collectives[k][i] + b * other.collectives[k][i] for i in range(2)] for k in hlo.KINDS},
-                max(self.loops, other.loops))
+                max(self.loops, other.loops), a * self.across_hosts + b * other.across_hosts)
 
 
 @dataclasses.dataclass
@@ -134,7 +145,23 @@ def unrolled_loops(limit: int = UNROLL_LIMIT) -> Iterator[None]:
     lax.scan, lax.map, lax.fori_loop = scan, lax_map, fori_loop
 
 
-def _analyse(lowered: Any, options: dict[str, Any] | None, want_text: bool) -> Compiled:
+def _cost_analysis(compiled: Any) -> dict[str, float]:
+  """XLA's cost analysis of one device's program: the executable's own (TPU), or HloCostAnalysis over its optimised
+  module where the executable has none (GPU)."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, list | tuple):
+    analysis = analysis[0] if analysis else {}
+  if analysis is None:
+    from jax._src.lib import _jax
+
+    module = compiled.runtime_executable().hlo_modules()[0]
+    analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  return analysis
+
+
+def _analyse(lowered: Any, options: dict[str, Any] | None, want_text: bool, hosts: tuple[int, int] | None = None
+             ) -> Compiled:
+  """Compiles `lowered`; `hosts` = (devices per host, devices) when collectives across hosts are to be told apart."""
   start = time.perf_counter()
   try:
     compiled = lowered.compile(options) if options else lowered.compile()
@@ -146,23 +173,27 @@ def _analyse(lowered: Any, options: dict[str, Any] | None, want_text: bool) -> C
   m = compiled.memory_analysis()
   memory = Memory(float(m.argument_size_in_bytes), float(m.output_size_in_bytes), float(m.alias_size_in_bytes),
                   float(m.temp_size_in_bytes), float(m.generated_code_size_in_bytes))
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, list | tuple):
-    analysis = analysis[0] if analysis else {}
+  analysis = _cost_analysis(compiled)
   text = compiled.as_text()
   estimate = float(analysis.get("optimal_seconds", math.nan))
   # XLA:TPU's time estimate is negative (-1 per op it cannot model) for some programs: unknown, not a time.
   cost = Cost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)),
-              estimate if estimate > 0 else math.nan, hlo.collectives(text), hlo.loops(text))
+              estimate if estimate > 0 else math.nan, hlo.collectives(text), hlo.loops(text),
+              hlo.across_hosts(text, *hosts) if hosts else 0.0)
   return Compiled(memory, cost, seconds=seconds, text=text if want_text else "")
 
 
 class Compiler:
   """Lowers in this thread, compiles in a pool; results by key, each piece compiled once."""
 
-  def __init__(self, workers: int = 2):
+  def __init__(self, workers: int = 2, topology: Topology | None = None):
     self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
     self.futures: dict[Any, concurrent.futures.Future[Compiled]] = {}
+    self.options = compile_options(topology) if topology is not None else {}  # every compile's
+    self.cost_options = {**self.options, **COST_OPTIONS[topology.chip.platform if topology is not None else "tpu"]}
+    self.hosts = None  # GPUs on several hosts: NVLink within one, the network between them
+    if topology is not None and topology.gpu and topology.hosts > 1:
+      self.hosts = (topology.chip.per_host, topology.chips)
 
   def submit(self, key: Any, call: Call, cost_piece: bool = False, want_text: bool = False
              ) -> concurrent.futures.Future[Compiled]:
@@ -175,7 +206,8 @@ class Compiler:
           future.set_result(Compiled(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
           self.futures[key] = future
           return future
-      self.futures[key] = self.pool.submit(_analyse, lowered, COST_OPTIONS if cost_piece else None, want_text)
+      options = self.cost_options if cost_piece else self.options
+      self.futures[key] = self.pool.submit(_analyse, lowered, options or None, want_text, self.hosts)
     return self.futures[key]
 
   def close(self) -> None:
@@ -230,6 +262,10 @@ class Coster:
       return None, f"{term.key}: {one.error or two.error}"
     L = self.model.n_layers
     per_layer = two.cost.combine(one.cost, 1.0, -1.0)  # c2 - c1
+    # XLA may merge or split a piece's collectives differently at 2 layers than at 1 (seen on a chunked prepare:
+    # fewer all-gather bytes at 2 layers): a layer adds no negative traffic, so such a difference counts as 0.
+    per_layer.collectives = {k: [max(0.0, v) for v in c] for k, c in per_layer.collectives.items()}
+    per_layer.across_hosts = max(0.0, per_layer.across_hosts)
     return one.cost.combine(per_layer, term.count, term.count * (L - 1)), ""
 
 
@@ -271,10 +307,12 @@ class Measured:
   pieces: dict[str, float]  # compile seconds of each cost piece ("<key> L=<layers>")
 
 
-def measure(stages: list[Stage], model: ModelConfig, workers: int = 2, log: Any = print) -> Measured:
-  """Compiles every program (and its cost pieces) of `stages`; the results in order."""
+def measure(stages: list[Stage], model: ModelConfig, workers: int = 2, log: Any = print,
+            topology: Topology | None = None) -> Measured:
+  """Compiles every program (and its cost pieces) of `stages` for `topology` (None: a TPU slice); the results in
+  order."""
   wall = time.perf_counter()
-  compiler = Compiler(workers)
+  compiler = Compiler(workers, topology)
   coster = Coster(compiler, model)
   try:
     for stage in stages:  # everything is traced and queued first; the pool compiles while this thread traces

@@ -7,8 +7,16 @@ optimal_seconds x chips x peak) and tokens/s; for a decode step, how far it is f
 weight and the cache window read once per step, spread over the slice).
 
 An estimate is shown only when XLA's FLOPs agree with the analytic count (rl_lm/aot/flops.py) within
-[`FLAG_LOW`, `FLAG_HIGH`] and its optimal_seconds is positive; otherwise the row says "flagged" and why, and
-the JSON keeps the raw numbers under "unchecked".
+[`FLAG_LOW`, `FLAG_HIGH`]; otherwise the row says "flagged" and why, and the JSON keeps the raw numbers under
+"unchecked". Where XLA gives no time (a piece's optimal_seconds is negative, as on small v5e programs), the time
+is the roofline of XLA's own counts instead, and says so ("roofline" in the table, `seconds_basis` in the JSON):
+the slowest of FLOPs / peak, bytes accessed / HBM bandwidth and collective bytes / ICI bandwidth, per chip, each
+as if nothing else ran. It is a lower bound on the time, not XLA's estimate.
+
+GPUs: XLA:GPU gives no time estimate, so every GPU row's time is that roofline, with NVLink in place of ICI and,
+on several hosts, the collectives that cross hosts at the network's bandwidth (one 400 Gb/s port per GPU, as a
+DGX H100 has) added to those within one at NVLink's. Fits are judged against the share of memory JAX's allocator
+takes (rl_lm/aot/chips.py), not a compiler's refusal: XLA:GPU compiles a program larger than the GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 
 from rl_lm.aot import hlo
 from rl_lm.aot.chips import GIB, Topology
-from rl_lm.aot.measure import Measured, Result
+from rl_lm.aot.measure import Cost, Measured, Result
 
 FLAG_LOW, FLAG_HIGH = 0.85, 1.35
 
@@ -39,6 +47,7 @@ class Row:
   mfu: float | None
   tokens_per_s: float | None
   roofline: float | None  # seconds / roofline seconds (decode)
+  basis: str = ""  # "xla" (optimal_seconds) | "roofline" (see roofline_seconds) | "" (no time)
 
   @property
   def label(self) -> str:
@@ -54,7 +63,7 @@ def rows(measured: Measured, topology: Topology) -> list[Row]:
     fits = None if needed is None else needed <= chip.usable_bytes
     if r.compiled is not None and r.compiled.error and r.compiled.exhausted is None:
       fits = None
-    ratio, checked, why, seconds = None, False, "", None
+    ratio, checked, why, seconds, basis = None, False, "", None, ""
     if r.cost is None:
       why = r.cost_error
     else:
@@ -63,16 +72,29 @@ def rows(measured: Measured, topology: Topology) -> list[Row]:
         why = "no analytic count"
       elif not FLAG_LOW <= ratio <= FLAG_HIGH:
         why = f"flagged: XLA counts {ratio:.2f}x the analytic FLOPs"
-      elif not r.cost.seconds > 0:  # NaN: a piece had no time estimate
-        why = "flagged: XLA gave no time estimate (optimal_seconds < 0) for a piece"
-      else:
-        checked, seconds = True, r.cost.seconds
+      elif r.cost.seconds > 0:
+        checked, seconds, basis = True, r.cost.seconds, "xla"
+      else:  # NaN: a piece had no time estimate (XLA:GPU has none at all; the tables say so once)
+        checked, seconds, basis = True, roofline_seconds(r.cost, topology), "roofline"
+        why = "" if topology.gpu else "XLA gave no time for a piece (optimal_seconds < 0): roofline time of its counts"
     mfu = p.model_flops / (seconds * topology.chips * chip.peak_flops) if seconds and p.model_flops else None
     tps = p.tokens / seconds if seconds and p.tokens else None
     roofline_s = p.roofline_bytes / (topology.chips * chip.hbm_bandwidth)
     roofline = seconds / roofline_s if seconds and roofline_s else None
-    out.append(Row(r, needed, fits, ratio, checked, why, seconds, mfu, tps, roofline))
+    out.append(Row(r, needed, fits, ratio, checked, why, seconds, mfu, tps, roofline, basis))
   return out
+
+
+def roofline_seconds(cost: Cost, topology: Topology) -> float:
+  """The slowest of one chip's FLOPs at peak, its bytes at HBM bandwidth and its collectives' bytes at ICI (NVLink)
+  bandwidth, those across hosts at the network's: a lower bound on the time of a program whose parts did not
+  overlap better than perfectly."""
+  chip = topology.chip
+  moved = sum(b for _, b in cost.collectives.values())
+  links = (moved - cost.across_hosts) / chip.ici_bandwidth
+  if cost.across_hosts:
+    links += cost.across_hosts / chip.host_bandwidth
+  return max(cost.flops / chip.peak_flops, cost.bytes / chip.hbm_bandwidth, links)
 
 
 def _gib(x: float | None) -> str:
@@ -85,9 +107,10 @@ def _num(x: float | None, fmt: str) -> str:
 
 def tables(all_rows: list[Row], topology: Topology) -> str:
   """Two markdown tables: memory per chip, then cost per call."""
-  usable = topology.chip.usable_gib
   chip = topology.chip
-  lines = [f"memory per chip (GiB; fits: need <= {usable:g} GiB usable of {chip.hbm_gib:g} GiB {chip.name} HBM)",
+  usable = (f"{chip.usable_gib:.2f} GiB usable ({chip.usable_note}) of {chip.hbm_gib:.2f} GiB {chip.name}"
+            if topology.gpu else f"{chip.usable_gib:g} GiB usable of {chip.hbm_gib:g} GiB {chip.name} HBM")
+  lines = [f"memory per chip (GiB; fits: need <= {usable})",
            "function | arguments | outputs | donated | temporaries | held by the run | need | fits | compile s",
            "--- | --- | --- | --- | --- | --- | --- | --- | ---"]
   for row in all_rows:
@@ -104,7 +127,10 @@ def tables(all_rows: list[Row], topology: Topology) -> str:
     else:
       lines.append(f"{row.label} | {_gib(m.argument)} | {_gib(m.output)} | {_gib(m.alias)} | {_gib(m.temp)} | "
                    f"{_gib(r.resident)} | {_gib(row.needed)} | {fits} | {c.seconds:.0f}")
-  lines += ["", "cost per call and chip, loops accounted for (XLA's cost analysis, checked against the analytic count)",
+  source = ("XLA's HloCostAnalysis of each GPU's optimised program, checked against the analytic count; seconds: "
+            "the roofline of those counts, XLA:GPU gives no estimate" if topology.gpu else
+            "XLA's cost analysis, checked against the analytic count")
+  lines += ["", f"cost per call and chip, loops accounted for ({source})",
             "function | TFLOP | XLA / analytic | GB accessed | est. seconds | MFU | tokens/s | x roofline | "
             "collectives | note",
             "--- | --- | --- | --- | --- | --- | --- | --- | --- | ---"]
@@ -117,8 +143,9 @@ def tables(all_rows: list[Row], topology: Topology) -> str:
       continue
     lines.append(" | ".join([
       row.label, f"{cost.flops / 1e12:.3f}", _num(row.ratio, ".2f"), f"{cost.bytes / 1e9:.2f}",
-      _num(row.seconds, ".4g") if row.checked else "flagged", _num(row.mfu and 100 * row.mfu, ".1f") + (
-        "%" if row.mfu else ""), _num(row.tokens_per_s, ",.0f"), _num(row.roofline, ".2f"),
+      (_num(row.seconds, ".4g") + (" (roofline)" if row.basis == "roofline" else "")) if row.checked else "flagged",
+      _num(row.mfu and 100 * row.mfu, ".1f") + ("%" if row.mfu else ""), _num(row.tokens_per_s, ",.0f"),
+      _num(row.roofline, ".2f"),
       hlo.describe(cost.collectives), note]))
   return "\n".join(lines)
 
@@ -146,7 +173,10 @@ def knobs(row: Row, config: Any, topology: Topology, mesh_shape: dict[str, int])
       out.append(f"eval.rows={max(1, config.eval.rows // 2)}")
   if p.stage == "rl" and not m.lora.rank:
     out.append("model.lora.rank=16")
-  out.append("more chips")
+  chip = topology.chip
+  if topology.gpu and row.needed is not None and row.needed <= 0.9 * chip.hbm_gib * GIB:
+    out.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 ({0.9 * chip.hbm_gib:.1f} GiB)")
+  out.append("more GPUs" if topology.gpu else "more chips")
   out.append("mesh.fsdp=-1 (the weights over every chip)" if mesh_shape.get("fsdp", 1) < topology.chips
              else "another mesh shape (--search)")
   return out
@@ -163,8 +193,8 @@ def refusal(all_rows: list[Row], config: Any, topology: Topology, mesh_shape: di
   if row.fits is None:
     return f"rl_lm.aot: does not compile: {row.label}: {c.error}{more}"
   chip = topology.chip
-  return (f"rl_lm.aot: does not fit: {row.label} needs {row.needed / GIB:.1f} GiB per chip of {chip.usable_gib:g} "
-          f"GiB ({chip.name}): try {', '.join(knobs(row, config, topology, mesh_shape))}{more}")
+  return (f"rl_lm.aot: does not fit: {row.label} needs {row.needed / GIB:.1f} GiB per chip of "
+          f"{chip.usable_gib:.4g} GiB ({chip.name}): try {', '.join(knobs(row, config, topology, mesh_shape))}{more}")
 
 
 def record(all_rows: list[Row], measured: Measured, topology: Topology, mesh_shape: dict[str, int], model: Any,
@@ -186,8 +216,9 @@ def record(all_rows: list[Row], measured: Measured, topology: Topology, mesh_sha
     if r.cost is not None:
       cost = {"flops": r.cost.flops, "bytes_accessed": r.cost.bytes,
               "optimal_seconds": r.cost.seconds if math.isfinite(r.cost.seconds) else None,
+              "seconds": row.seconds, "seconds_basis": row.basis or None,
               "collectives": {k: {"count": v[0], "bytes": v[1]} for k, v in r.cost.collectives.items()},
-              "loops_left": r.cost.loops}
+              "collective_bytes_across_hosts": r.cost.across_hosts, "loops_left": r.cost.loops}
       entry["cost_per_chip" if row.checked else "unchecked"] = cost
     entry["analytic"] = {"expected_flops": p.expected, "xla_over_analytic": row.ratio, "checked": row.checked,
                          "why": row.why or None}
@@ -209,8 +240,11 @@ def record(all_rows: list[Row], measured: Measured, topology: Topology, mesh_sha
       "flops": "XLA cost_analysis per chip; loops unrolled (1 and 2 layers, extrapolated) and multiplied out",
       "model_flops": "6 N per trained token + 12 L H Dh per key attended (forward only: 2 N + 4 L H Dh); N = matmul "
                      "parameters; 4 N for a frozen LoRA base; no rematerialisation",
-      "mfu": "model_flops / (optimal_seconds x chips x peak bf16 FLOP/s)",
-      "x_roofline": "optimal_seconds / ((weights + KV window bytes) / (chips x HBM bandwidth))"},
+      "seconds": "optimal_seconds (seconds_basis xla), or where XLA gave none (always on GPUs) the roofline of the "
+                 "counts (seconds_basis roofline): max(flops / peak, bytes_accessed / HBM bandwidth, collective bytes "
+                 "/ ICI or NVLink bandwidth + collective bytes across hosts / host network bandwidth)",
+      "mfu": "model_flops / (seconds x chips x peak bf16 FLOP/s)",
+      "x_roofline": "seconds / ((weights + KV window bytes) / (chips x HBM bandwidth))"},
     **extra,
   }
 

@@ -4,8 +4,9 @@ Every shape whose axes multiply to the slice's chips and pass the config's valid
 its data-parallel axes) is a candidate. For each, the programs a stage runs every step (RL: generate, prepare,
 update; SFT, DPO, reward model: the update; sample: generate) are costed as `python -m rl_lm.aot` costs them
 (rl_lm/aot/measure.py), and their estimated seconds summed. Then, per stage, the candidates are compiled whole in
-that order until one fits: the first is the fastest that fits, by XLA's estimate. A candidate whose estimate
-is flagged (it disagrees with the analytic count) is ranked last.
+that order until one fits: the first is the fastest that fits, by XLA's estimate (for GPUs, which have none, by
+the roofline of XLA's counts: rl_lm/aot/report.py). A candidate whose estimate is flagged (it disagrees with the
+analytic count) is ranked last.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def run(config: Any, topology: Topology, devices: list[Any], workdir: str, worke
   estimates: dict[tuple[int, int, int], dict[str, float | None]] = {}
   for shape in found:
     a, stages = _stages(config, devices, shape, cost=True, memory=False)
-    rows = report.rows(measure.measure(stages, a.model, workers, log=lambda *_: None), topology)
+    rows = report.rows(measure.measure(stages, a.model, workers, log=lambda *_: None, topology=topology), topology)
     per_stage: dict[str, float | None] = {}
     for name in names:
       mine = [r for r in rows if r.result.program.stage == name and r.result.program.per_step]
@@ -94,7 +95,7 @@ def run(config: Any, topology: Topology, devices: list[Any], workdir: str, worke
     for shape in ranked:
       if shape not in fits_cache:
         a, stages = _stages(config, devices, shape, cost=False, memory=True)
-        rows = report.rows(measure.measure(stages, a.model, workers, log=lambda *_: None), topology)
+        rows = report.rows(measure.measure(stages, a.model, workers, log=lambda *_: None, topology=topology), topology)
         fits_cache[shape] = {n: (all(r.fits for r in rows if r.result.program.stage == n and r.result.compiled),
                                  max((r.needed or 0.0) for r in rows if r.result.program.stage == n))
                              for n in names}
@@ -115,9 +116,10 @@ def run(config: Any, topology: Topology, devices: list[Any], workdir: str, worke
     lines.append(f"{_label(shape)}{mark} | " + " | ".join(
       "flagged" if estimates[shape][n] is None else f"{estimates[shape][n]:.4g}" for n in names))
   log("\n".join(lines))
+  basis = "the roofline of XLA's counts" if topology.gpu else "XLA's estimate"
   for name, b in best.items():
     log(f"rl_lm.aot: fastest that fits for {name}: {' '.join(f'{k}={v}' for k, v in b['mesh'].items())} "
-        f"({b['seconds_per_step']:.4g} s per step by XLA's estimate, {b['needed_gib']:.1f} GiB per chip)")
+        f"({b['seconds_per_step']:.4g} s per step by {basis}, {b['needed_gib']:.1f} GiB per chip)")
   path = os.path.join(workdir, f"aot_search_{topology.given.replace(':', '_')}.json")
   report.write(path, {"topology": topology.given, "chips": topology.chips,
                       "estimates": [{"mesh": _label(s), "seconds_per_step": estimates[s]} for s in found],

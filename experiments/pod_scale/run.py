@@ -1,0 +1,221 @@
+"""The pod-scale table: every model x TPU slice x recipe compiled ahead of time on this CPU, in one command.
+`--topologies=h100-8` makes the same table for one host of 8 H100 GPUs (rl_lm/aot/chips.py).
+
+  python -m experiments.pod_scale.run [--workdir=experiments/pod_scale/results] [--only=MODEL,...]
+      [--topologies=...] [--recipes=grpo,lora,ppo] [--report]
+
+Each cell is one `python -m rl_lm.aot` command (`configs/pod.py`: 512 rows of 256 + 768 tokens; printed with the
+table). Its mesh is the first of `meshes(chips, params)` that fits: the first candidate is compiled with costs at
+once; when it does not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled
+with costs. A cell where none fits shows the refusal of the candidate that came closest. A cell takes 3-10
+minutes on 2 cores. Its summary (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is
+kept in the repository, so a rerun compiles only what is missing and `--report` rebuilds the tables from what is
+there; the compile logs beside it are not kept. Writes `pod_scale.md` (the tables and the commands) and
+`pod_scale.json` in the workdir.
+
+The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every mesh of a slice, at ~10x the
+compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
+weights and data parallelism across hosts, the shape that served Llama-3.1-8B best on v5p-64 (README, "At pod
+scale"); for a smaller one, FSDP over a host and data across hosts (tensor parallelism of a 0.5B model is all
+collectives). The same rule holds for GPUs, 8 to a host: tensor parallelism over a host's NVLink, data across
+hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rl_lm.aot import chips as chips_lib
+from rl_lm.metrics import format_duration
+from rl_lm.models import presets
+from rl_lm.runs import ROOT
+
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b", "qwen2.5-32b")
+TOPOLOGIES = ("v5e-8", "v5p-8", "v6e-8", "v5p-64", "v5p-256")
+RECIPES = ("grpo", "lora", "ppo")
+RECIPE_NAMES = {"grpo": "GRPO (policy + reference)", "lora": "GRPO with LoRA rank 16",
+                "ppo": "PPO (policy, reference, value and reward model)"}
+PHASES = (("rl/generate", "generate"), ("rl/prepare", "prepare"), ("rl/update", "update"),
+          ("reward_model/update", "reward model step"))
+
+
+SMALL = 3e9  # parameters: below this, tensor parallelism costs more in collectives than it saves in memory
+
+
+def meshes(chips: int, params: float) -> list[tuple[int, int, int]]:
+  """(data, fsdp, tensor) candidates in order. A model of 3B parameters or more: tensor over up to 8 chips (a
+  host) and data over the rest, then the same with FSDP in place of data, then FSDP over the whole slice. A
+  smaller one: FSDP over a host and data across hosts first, then FSDP over the slice, then tensor parallelism."""
+  host = min(8, chips)
+  rest = chips // host
+  big = [(rest, 1, host), (1, rest, host), (1, chips, 1)]
+  out = big if params >= SMALL else [(rest, host, 1), (1, chips, 1), (rest, 1, host)]
+  return list(dict.fromkeys(out))
+
+
+def _hopeless(record: dict[str, Any] | None, mesh: tuple[int, int, int], chips: int) -> bool:
+  """True when a mesh that shards the weights over every chip failed with the update's arguments alone (weights,
+  optimizer state, batch) over the usable memory: no other candidate shards them further."""
+  if not record or record.get("fits") or mesh[1] * mesh[2] != chips:
+    return False
+  update = _program(record, "rl/update") or {}
+  memory = update.get("memory") or {}
+  return bool(memory.get("argument") and memory.get("usable") and memory["argument"] > memory["usable"])
+
+
+def command(model: str, recipe: str, topology: str, mesh: tuple[int, int, int], workdir: Path,
+            cost: bool) -> list[str]:
+  data, fsdp, tensor = mesh
+  cmd = [sys.executable, "-m", "rl_lm.aot", f"--config=configs/pod.py:model={model},recipe={recipe}",
+         f"--topology={topology}", f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
+         f"--config.mesh.tensor={tensor}", f"--workdir={workdir}"]
+  return cmd if cost else [*cmd, "--nocost"]
+
+
+def shown(cmd: list[str]) -> str:
+  """The command as a reader types it: `python -m ...`, without the workdir."""
+  return " ".join(["python", *(a for a in cmd[1:] if not a.startswith("--workdir="))])
+
+
+def _aot(cmd: list[str], folder: Path) -> dict[str, Any] | None:
+  """Runs one rl_lm.aot command; its JSON record (with the refusal line, if any), or None when it wrote none."""
+  folder.mkdir(parents=True, exist_ok=True)
+  with open(folder / "log.txt", "w") as log:
+    run = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
+  found = sorted(folder.glob("aot_*.json"))
+  record = json.loads(found[0].read_text()) if found else None
+  if record is None and run.returncode:
+    return {"fits": False, "refusal": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else
+            f"exit status {run.returncode}", "programs": []}
+  return record
+
+
+def _max_need(record: dict[str, Any]) -> float:
+  needs = [p["memory"]["needed"] for p in record.get("programs", []) if p.get("memory") and p["memory"]["needed"]]
+  return max(needs) if needs else math.inf
+
+
+def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
+  """Compiles one cell (see the module docstring) and returns its summary; cached in <root>/<cell>/cell.json."""
+  name = f"{model}__{topology}__{recipe}"
+  folder = root / name
+  done = folder / "cell.json"
+  if done.exists():
+    return json.loads(done.read_text())
+  chips = chips_lib.resolve(topology).chips
+  tried, best = [], None
+  start = time.perf_counter()
+  for k, mesh in enumerate(meshes(chips, presets.get(model).num_params())):
+    where = folder / f"mesh_{'x'.join(map(str, mesh))}"
+    cost = k == 0  # the first candidate usually fits: compile it with costs at once
+    cmd = command(model, recipe, topology, mesh, where / ("cost" if cost else "memory"), cost=cost)
+    record = _aot(cmd, where / ("cost" if cost else "memory"))
+    tried.append({"mesh": mesh, "fits": bool(record and record.get("fits")), "refusal": record and record["refusal"]})
+    if record and record.get("fits"):
+      if not cost:
+        cmd = command(model, recipe, topology, mesh, where / "cost", cost=True)
+        record = _aot(cmd, where / "cost")
+      best = {"mesh": mesh, "record": record, "command": shown(cmd)}
+      break
+    if best is None or _max_need(record or {}) < _max_need(best["record"] or {}):
+      best = {"mesh": mesh, "record": record, "command": shown(cmd)}
+    if _hopeless(record, mesh, chips):
+      break
+  out = {"model": model, "recipe": recipe, "topology": topology, "chips": chips, "tried": tried,
+         "seconds": time.perf_counter() - start, **best}
+  done.write_text(json.dumps(out, indent=1))
+  return out
+
+
+def _program(record: dict[str, Any], function: str) -> dict[str, Any] | None:
+  return next((p for p in record.get("programs", []) if p["function"] == function), None)
+
+
+def row(c: dict[str, Any]) -> list[str]:
+  """One table row: model, slice, fits, GiB per chip, estimated seconds per phase, MFU, decode, mesh."""
+  r = c["record"] or {"programs": [], "fits": False, "refusal": "no record"}
+  fits = bool(r.get("fits"))
+  usable = (r.get("chip") or {}).get("usable_gib")
+  need = _max_need(r) / 2**30
+  gib = f"{need:.1f}" + (f" / {usable:.4g}" if usable else "") if need < math.inf else "-"
+  phases = []
+  for function, label in PHASES:
+    p = _program(r, function)
+    if p is None:
+      continue
+    cost = p.get("cost_per_chip") or {}
+    secs = cost.get("seconds")
+    mark = "" if cost.get("seconds_basis") == "xla" else " (roofline)"
+    phases.append(f"{label} {secs:.3g}{mark}" if secs else f"{label} -")
+  update = _program(r, "rl/update") or {}
+  decode = _program(r, "rl/generate:decode") or {}
+  mfu = f"{update['mfu']:.1%}" if update.get("mfu") else "-"
+  tok = decode.get("tokens_per_s")
+  roof = decode.get("x_roofline")
+  dec = f"{tok:,.0f} ({roof:.2f}x roofline)" if tok and roof else "-"
+  mesh = "x".join(map(str, c["mesh"])) if fits else "-"
+  verdict = "yes" if fits else f"no: {(r.get('refusal') or '').removeprefix('rl_lm.aot: ')[:160]}"
+  if not fits:  # the closest mesh's figures are of a program that does not run: not shown
+    phases, mfu, dec = [], "-", "-"
+  return [c["model"], f"{c['topology']} ({c['chips']})", verdict, gib, "; ".join(phases) or "-", mfu, dec, mesh]
+
+
+def report(cells: list[dict[str, Any]], root: Path) -> str:
+  head = ["model", "slice (chips)", "fits?", "GiB per chip (need / usable)",
+          "est. seconds per call (XLA; roofline where marked)", "update MFU", "decode tokens/s",
+          "mesh (data x fsdp x tensor), by rule"]
+  out = []
+  for recipe in RECIPES:
+    mine = [c for c in cells if c["recipe"] == recipe]
+    if not mine:
+      continue
+    out += [f"### {RECIPE_NAMES[recipe]}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    out += ["| " + " | ".join(row(c)) + " |" for c in mine]
+    out.append("")
+  out += ["Each cell is one command (the mesh is the one the cell fits with):", "", "```"]
+  out += [c["command"] for c in cells]
+  out += ["```", ""]
+  text = "\n".join(out)
+  (root / "pod_scale.md").write_text(text)
+  (root / "pod_scale.json").write_text(json.dumps(cells, indent=1))
+  return text
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--workdir", default=str(Path(__file__).parent / "results"))
+  parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated")
+  parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
+  parser.add_argument("--recipes", default=",".join(RECIPES))
+  parser.add_argument("--report", action="store_true", help="only rebuild the tables from the cells done")
+  args = parser.parse_args(argv)
+  root = Path(args.workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  # Recipe by recipe, slice by slice: an interrupted run leaves whole rows of the first tables.
+  grid = [(m, r, t) for r in args.recipes.split(",") for t in args.topologies.split(",") for m in args.only.split(",")]
+  cells, start = [], time.perf_counter()
+  for i, (model, recipe, topology) in enumerate(grid):
+    done = root / f"{model}__{topology}__{recipe}" / "cell.json"
+    if args.report:
+      if done.exists():
+        cells.append(json.loads(done.read_text()))
+      continue
+    c = cell(model, recipe, topology, root)
+    cells.append(c)
+    spent = time.perf_counter() - start
+    print(f"[{i + 1}/{len(grid)}] {model} {topology} {recipe}: {row(c)[2][:60]} ({c['seconds']:.0f}s; "
+          f"{format_duration(spent)} so far, ETA {format_duration(spent / (i + 1) * (len(grid) - i - 1))})",
+          flush=True)
+  print(report(cells, root))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
