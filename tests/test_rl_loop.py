@@ -391,7 +391,7 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path / str(synchronous))), log=lambda _: None)
     if synchronous:  # no queue at all: each step samples its own rollout with the policy of the moment
       trainer._first_rollout = lambda step, timings, t=trainer: (
-        t._rollout(t.curriculum.next_batch(t.rl.prompts_per_step), jax.random.fold_in(t._key(step), 0), timings), 0.0)
+        t._rollout(t.curriculum.next_batch(t.rl.prompts_per_step), t._rollout_key(step, 0), timings), 0.0)
     runs.append([record(trainer, step) for step in (1, 2, 3)])
   for a, b in zip(*runs, strict=True):
     np.testing.assert_array_equal(a.batch.host["tokens"], b.batch.host["tokens"])
@@ -417,10 +417,10 @@ def test_staleness_one_samples_each_step_with_the_policy_one_update_old(tmp_path
   for step in (2, 3):
     batch = recs[step - 1].batch
     prompts = [p.prompt for p in batch.problems]
-    old = trainer.sampler.rollout(params[step - 2], prompts, jax.random.fold_in(trainer._key(step), 0))
+    old = trainer.sampler.rollout(params[step - 2], prompts, trainer._rollout_key(step, 0))
     np.testing.assert_array_equal(host(old[0].tokens), batch.host["tokens"])  # the policy of before update k - 1
     np.testing.assert_array_equal(host(old[0].logprobs), host(batch.rollout.logprobs))
-    fresh = trainer.sampler.rollout(params[step - 1], prompts, jax.random.fold_in(trainer._key(step), 0))
+    fresh = trainer.sampler.rollout(params[step - 1], prompts, trainer._rollout_key(step, 0))
     assert not np.array_equal(host(fresh[0].logprobs), host(batch.rollout.logprobs))  # not the current policy's
 
 

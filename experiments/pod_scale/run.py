@@ -5,7 +5,7 @@
       [--topologies=...] [--recipes=grpo,lora,ppo] [--report]
 
 Each cell is one `python -m rl_lm.aot` command (`configs/pod.py`: 512 rows of 256 + 768 tokens; printed with the
-table). Its mesh is the first of `meshes(chips, params)` that fits: the first candidate is compiled with costs at
+table). Its mesh is the first of `meshes(chips, model)` that fits: the first candidate is compiled with costs at
 once; when it does not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled
 with costs. A cell where none fits shows the refusal of the candidate that came closest. A cell takes 3-10
 minutes on 2 cores. Its summary (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is
@@ -35,6 +35,7 @@ from typing import Any
 from rl_lm.aot import chips as chips_lib
 from rl_lm.metrics import format_duration
 from rl_lm.models import presets
+from rl_lm.models.presets import ModelConfig
 from rl_lm.runs import ROOT
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b", "qwen2.5-32b")
@@ -49,15 +50,19 @@ PHASES = (("rl/generate", "generate"), ("rl/prepare", "prepare"), ("rl/update", 
 SMALL = 3e9  # parameters: below this, tensor parallelism costs more in collectives than it saves in memory
 
 
-def meshes(chips: int, params: float) -> list[tuple[int, int, int]]:
-  """(data, fsdp, tensor) candidates in order. A model of 3B parameters or more: tensor over up to 8 chips (a
-  host) and data over the rest, then the same with FSDP in place of data, then FSDP over the whole slice. A
-  smaller one: FSDP over a host and data across hosts first, then FSDP over the slice, then tensor parallelism."""
+def meshes(chips: int, model: ModelConfig) -> list[tuple[int, int, int]]:
+  """(data, fsdp, tensor) candidates in order. The tensor size t is the largest power of two up to a host (8
+  chips) that divides both head counts (Qwen2.5-7B's 28 query and 4 KV heads: 4; split unevenly, XLA pads the
+  heads and counts ~2x the FLOPs). A model of 3B parameters or more: tensor over t chips and data over the rest,
+  then the same with FSDP in place of data, then FSDP over the whole slice. A smaller one: FSDP over a host and
+  data across hosts first, then FSDP over the slice, then tensor parallelism."""
   host = min(8, chips)
-  rest = chips // host
-  big = [(rest, 1, host), (1, rest, host), (1, chips, 1)]
-  out = big if params >= SMALL else [(rest, host, 1), (1, chips, 1), (rest, 1, host)]
-  return list(dict.fromkeys(out))
+  t = host
+  while model.n_heads % t or model.n_kv_heads % t:
+    t //= 2
+  big = [(chips // t, 1, t), (1, chips // t, t), (1, chips, 1)]
+  small = [(chips // host, host, 1), (1, chips, 1), (chips // t, 1, t)]
+  return list(dict.fromkeys(big if model.num_params() >= SMALL else small))
 
 
 def _hopeless(record: dict[str, Any] | None, mesh: tuple[int, int, int], chips: int) -> bool:
@@ -112,7 +117,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   chips = chips_lib.resolve(topology).chips
   tried, best = [], None
   start = time.perf_counter()
-  for k, mesh in enumerate(meshes(chips, presets.get(model).num_params())):
+  for k, mesh in enumerate(meshes(chips, presets.get(model))):
     where = folder / f"mesh_{'x'.join(map(str, mesh))}"
     cost = k == 0  # the first candidate usually fits: compile it with costs at once
     cmd = command(model, recipe, topology, mesh, where / ("cost" if cost else "memory"), cost=cost)

@@ -231,10 +231,7 @@ def _gpu_devices(topology: Topology) -> list[Any]:
   except RuntimeError as e:  # JaxRuntimeError
     raise TopologyError(f"{topology.given}: the CUDA plugin refused the topology {topology.jax_name}: "
                         f"{str(e).splitlines()[0]}") from None
-  if len(found) != topology.chips or found[0].device_kind != topology.chip.device_kind:
-    raise TopologyError(f"{topology.given}: the CUDA plugin made {len(found)} {found[0].device_kind} devices, "
-                        f"expected {topology.chips} {topology.chip.device_kind}")
-  return list(found)
+  return _checked(found, topology, "the CUDA plugin")
 
 
 def devices(topology: Topology) -> list[Any]:
@@ -259,7 +256,12 @@ def devices(topology: Topology) -> list[Any]:
   except RuntimeError as e:  # JaxRuntimeError: a shape libtpu does not know
     raise TopologyError(f"{topology.given}: libtpu refused the slice {topology.jax_name}: "
                         f"{str(e).splitlines()[0]}") from None
+  return _checked(found, topology, "libtpu")
+
+
+def _checked(found: Any, topology: Topology, maker: str) -> list[Any]:
+  """The compile-only devices, checked against the slice's chip count and kind."""
   if len(found) != topology.chips or found[0].device_kind != topology.chip.device_kind:
-    raise TopologyError(f"{topology.given}: libtpu made {len(found)} {found[0].device_kind} devices, expected "
+    raise TopologyError(f"{topology.given}: {maker} made {len(found)} {found[0].device_kind} devices, expected "
                         f"{topology.chips} {topology.chip.device_kind}")
   return list(found)
