@@ -10,6 +10,8 @@ explicit argument (`sampling.sample_token(..., row_keys=)`), never inferred from
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,13 @@ from rl_lm import mesh as mesh_lib
 
 
 def is_typed(key: jax.Array) -> bool:
+  """A typed key array (`jax.random.key`), not raw uint32 key data."""
   return jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+
+
+@functools.cache
+def _raw_shape() -> tuple[int, ...]:
+  return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)  # (2,) for threefry
 
 
 def as_key(key: jax.Array) -> jax.Array:
@@ -28,7 +36,7 @@ def as_key(key: jax.Array) -> jax.Array:
       raise ValueError(f"expected one random key, got a key array of shape {key.shape}: per-row keys are the "
                        "separate row_keys argument")
     return key
-  raw = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape  # (2,) for threefry
+  raw = _raw_shape()
   if key.dtype != jnp.uint32 or tuple(key.shape) != raw:
     raise ValueError(f"expected one random key (jax.random.key(seed), or a legacy jax.random.PRNGKey(seed): "
                      f"uint32{list(raw)}), got {key.dtype}{list(key.shape)}")
