@@ -352,8 +352,7 @@ class RLTrainer:
 
   def _zero_variance(self, episodes: Episodes) -> np.ndarray:
     """Groups whose training rows all scored the same (no signal). [groups]"""
-    return adv_lib.group_zero_variance_host(episodes.scores, self.G, np.broadcast_to(self._trains(episodes),
-                                                                                   episodes.scores.shape))
+    return adv_lib.group_zero_variance_host(episodes.scores, self.G, self._trains(episodes))
 
   def collect(self, step: int, timings: dict[str, float]) -> tuple[Episodes, list[Episodes], dict[str, float]]:
     """One step's episodes, every rollout drawn for them, and the dynamic-sampling statistics. With dynamic
