@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_lm import keys, refill, sampling
+from rl_lm import keys, sampling
 from rl_lm.envs import episodes
 from rl_lm.models import presets, transformer
 from rl_lm.tasks.base import Problem
@@ -60,7 +60,7 @@ def test_sample_token_takes_one_key_or_row_keys_never_both():
 
 def test_every_sampler_draws_the_same_tokens_from_either_key(params):
   prompts, lengths = _prompts()
-  for make in (lambda: sampling.make_generate_fn(CFG, CONFIG), lambda: refill.make_generate_fn(CFG, CONFIG, 2)):
+  for make in (lambda: sampling.make_generate_fn(CFG, CONFIG), lambda: sampling.make_generate_fn(CFG, CONFIG, slots=2)):
     fn = make()
     typed = fn(params, prompts, lengths, jax.random.key(3))
     legacy = fn(params, prompts, lengths, jax.random.PRNGKey(3))

@@ -2,6 +2,8 @@
 observation tokens laid end to end, the trainer scores the sampled tokens as the sampler drew them, and the loss
 and KL never touch an observation token."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,9 @@ CFG = presets.get("test")
 STOPS = tuple(range(2, 40))  # eos and 37 more: a random model ends most turns within a few tokens
 
 
+LIMITS = episodes.EpisodeLimits(max_turns=4, turn_tokens=12, max_tokens=96)
+
+
 def _runner(rows, limits, greedy=False, temperature=1.0):
   scfg = sampling.SamplingConfig(max_new_tokens=limits.turn_tokens, temperature=temperature, greedy=greedy,
                                  stop_tokens=STOPS, pad_id=TOK.pad_id)
@@ -42,7 +47,7 @@ def _runner(rows, limits, greedy=False, temperature=1.0):
 @pytest.fixture(scope="module")
 def batch():
   params = transformer.init(CFG, jax.random.key(0))
-  runner = _runner(4, episodes.EpisodeLimits(max_turns=4, turn_tokens=12, max_tokens=96))
+  runner = _runner(4, LIMITS)
   problems = [Problem(id=f"p{i}", prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(4)]
   out = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
   return params, runner, problems, out
@@ -85,6 +90,18 @@ def test_trainer_logprobs_equal_sampler_logprobs_across_turns(batch):
   mask = np.asarray(out.rollout.completion_mask)
   np.testing.assert_allclose(np.asarray(trainer)[mask], np.asarray(out.rollout.logprobs)[mask], atol=2e-5)
   assert np.all(np.asarray(out.rollout.logprobs)[~mask] == 0)
+
+
+def test_attention_windows_change_no_token_of_an_episode(batch):
+  # The engine's windows (8, 16, 32, 64, 96 slots here, against the fixture's 64, 96) read only the filled part of
+  # the cache: the same episodes, token for token.
+  params, _, problems, out = batch
+  scfg = dataclasses.replace(_runner(4, LIMITS).scfg, window=8)
+  runner = episodes.EpisodeRunner(CFG, scfg, TOK, episodes.LocalEnvs(ScriptedEnv), LIMITS, 4)
+  again = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
+  np.testing.assert_array_equal(again.host["tokens"], out.host["tokens"])
+  np.testing.assert_allclose(np.asarray(again.rollout.logprobs), np.asarray(out.rollout.logprobs), atol=1e-5)
+  assert out.host["fill"].max() > 16  # several windows were crossed
 
 
 def test_episode_accounting(batch):

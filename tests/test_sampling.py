@@ -8,6 +8,7 @@ from scipy import stats
 
 from rl_lm import sampling
 from rl_lm.models import presets, transformer
+from rl_lm.rollout import draw, engine
 
 CFG = presets.get("test")
 
@@ -55,9 +56,9 @@ def test_sampled_logprobs_match_trainer_at_temperature(params, window):
 
 
 def test_decode_windows_grow_to_the_whole_cache_and_change_no_token(params):
-  assert sampling.decode_windows(16, 64, 64) == (80,)
-  assert sampling.decode_windows(16, 2048, 64) == (80, 144, 272, 528, 1040, 2064)
-  assert sampling.decode_windows(8, 10, 3) == (11, 14, 18)
+  assert engine.windows(16, 80, 64) == (80,)
+  assert engine.windows(16, 2064, 64) == (80, 144, 272, 528, 1040, 2064)
+  assert engine.windows(8, 18, 3) == (11, 14, 18)
   prompts, lengths = _prompts([6, 2, 4, 6], 6)
   outs = [sampling.generate(CFG, params, prompts, lengths, jax.random.key(5),
                             sampling.SamplingConfig(max_new_tokens=12, temperature=1.0, window=w)) for w in (12, 2)]
@@ -142,7 +143,7 @@ def test_inverse_cdf_picks_the_token_whose_cumulative_weight_crosses_u():
     w[:, 0] = np.where(w.sum(axis=1) == 0, 1.0, w[:, 0])
     u = rng.random(64).astype(np.float32)
     u[:4], u[4:8] = 0.0, np.float32(1 - 2**-24)
-    tok = np.asarray(sampling._inverse_cdf(jnp.asarray(w), jnp.asarray(u)))
+    tok = np.asarray(draw._inverse_cdf(jnp.asarray(w), jnp.asarray(u)))
     assert np.all(w[np.arange(64), tok] > 0), "drew a token of weight 0"
     cdf = np.cumsum(w.astype(np.float64), axis=1)
     target = u * cdf[:, -1]

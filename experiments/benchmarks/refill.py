@@ -6,13 +6,14 @@ The fixed shape (preset `bench`: 4 layers, d 256, vocab 4096, float32), 16-token
 One prompt in ten may run to `--long` new tokens, the rest stop within `--short` (a per-row budget drawn
 uniformly in [1, short]; no stop token, so every row runs exactly to its budget and both sides produce the
 same number of tokens). Static: `sampling.generate` over batches of `--slots` rows, each batch decoding
-until its longest row ends. Refill: `refill.make_generate_fn` with `--slots` cache rows over all the
+until its longest row ends. Refill: `sampling.make_generate_fn(..., slots=)` with `--slots` cache rows over all the
 prompts. Useful tokens = completion tokens (no padding). Medians of `--repeats` warm runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_lm import refill, sampling
+from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
 
@@ -32,6 +33,7 @@ def main() -> None:
   parser.add_argument("--short", type=int, default=64)
   parser.add_argument("--long_frac", type=float, default=0.1)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--json", default="", help="also write the figures here (for ab.py)")
   args = parser.parse_args()
   cfg = presets.get("bench")
   params = transformer.init(cfg, jax.random.key(0))
@@ -42,7 +44,7 @@ def main() -> None:
   budgets = np.where(rng.random(Q) < args.long_frac, args.long, rng.integers(1, args.short + 1, Q)).astype(np.int32)
   scfg = sampling.SamplingConfig(max_new_tokens=args.long, temperature=1.0)
   static_fn = sampling.make_generate_fn(cfg, scfg)
-  refill_fn = refill.make_generate_fn(cfg, scfg, B)
+  refill_fn = sampling.make_generate_fn(cfg, scfg, slots=B)
   key = jax.random.key(1)
 
   def static():
@@ -70,6 +72,9 @@ def main() -> None:
     rates[name] = tokens / seconds
     print(f"{name}: {tokens} useful tokens in {seconds:.2f} s = {rates[name]:,.0f} tokens/s", flush=True)
   print(f"refill / static: {rates['refill'] / rates['static']:.2f}x")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({f"{k}_tokens_per_s": v for k, v in rates.items()}, f, indent=1)
 
 
 if __name__ == "__main__":

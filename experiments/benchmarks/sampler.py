@@ -16,6 +16,7 @@ Medians over repeats; all figures are ratios within one run, so machine noise la
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -96,15 +97,22 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shapes", default="fixed,large")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--json", default="", help="also write the figures here (for ab.py)")
   args = parser.parse_args()
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}")
   header = ("shape", "batch", "prompt", "new", "params M", "tokens/s", "step in loop ms", "bare fwd ms", "ratio")
   print(" | ".join(header))
+  figures = {}
   for name in args.shapes.split(","):
     r = bench(name, repeats=args.repeats, **SHAPES[name])
+    figures[f"tokens_per_s_{name}"] = r["decode_tokens_per_s"]
+    figures[f"step_ms_{name}"] = r["step_in_loop_ms"]
     print(f"{r['shape']} | {r['batch']} | {r['prompt']} | {r['new_tokens']} | {r['params_M']:.1f} | "
           f"{r['decode_tokens_per_s']:.0f} | {r['step_in_loop_ms']:.2f} | {r['bare_forward_ms']:.2f} | "
           f"{r['ratio']:.2f}", flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from experiments.benchmarks import xla_trace
 from rl_lm import sampling
 from rl_lm.models import presets, transformer
+from rl_lm.rollout import generate as drivers
 
 PARTS = {  # rl_lm function -> part of a decode step
   "_dense": "projections and MLP (matmuls)",
@@ -56,7 +57,7 @@ def profile(batch: int, new: int, steps: int, calls: int) -> list[xla_trace.Row]
   lengths = jnp.full((batch,), 16, jnp.int32)
   scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0)
   stop, budget = sampling.stop_and_budget(scfg, batch, None, steps)
-  jitted = jax.jit(functools.partial(sampling._generate, cfg, scfg))
+  jitted = jax.jit(functools.partial(drivers.static, cfg, scfg))
   return xla_trace.profile(jitted, params, prompts, lengths, jax.random.key(2), stop, budget, calls=calls)
 
 

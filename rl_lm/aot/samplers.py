@@ -1,7 +1,7 @@
 """The samplers' programs: the whole generate call (its memory) and its pieces (its cost).
 
 A generate call is one prefill and up to N - 1 decode steps in segments of growing attention windows
-(`sampling.decode_windows`). The call is compiled whole for its memory; its cost is the prefill plus every decode
+(`rollout.engine.windows`). The call is compiled whole for its memory; its cost is the prefill plus every decode
 step, each window's steps costed by interpolating between the decode step compiled at the first and at the last
 window (a step's cost is linear in its window), all N tokens drawn. The decode step over the whole cache is also
 reported alone, against the HBM roofline. With continuous batching (`sampling.slots`) the cost is the refill
@@ -20,10 +20,12 @@ import jax
 import jax.numpy as jnp
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import refill, sampling
+from rl_lm import sampling
 from rl_lm.aot import flops
 from rl_lm.aot.programs import Abstract, Call, Program, Term, batch_sds, by_rows, key_sds, replicated_sds, sds
 from rl_lm.models.presets import ModelConfig
+from rl_lm.rollout import engine
+from rl_lm.rollout import generate as drivers
 from rl_lm.train import rollout
 
 
@@ -59,29 +61,33 @@ def _cast(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Any:
 
 
 def _prefill_call(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Call:
-  fn = jax.jit(mesh_lib.bind(functools.partial(sampling.prefill, model, spec.scfg), a.mesh, a.rules))
+  fn = jax.jit(mesh_lib.bind(functools.partial(drivers.prefill, model, spec.scfg), a.mesh, a.rules))
   return Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
 
 
-def _decode_call(a: Abstract, spec: SamplerSpec, window: int, model: ModelConfig) -> Call:
+def _step_call(a: Abstract, spec: SamplerSpec, model: ModelConfig, start: Callable, window: int, lockstep: bool,
+               rows: int) -> Call:
+  """One step of the engine's decode loop, on the state `start` (the static prefill, or the queue's first state)
+  leaves; the state is donated, as inside the loop the cache is written in place, never copied."""
   params = _cast(a, spec, model)
-  batch, state = jax.eval_shape(functools.partial(sampling.prefill, model, spec.scfg), params, *_inputs(a, spec))
-  # The loop state is donated: inside the generate loop the cache is written in place, never copied.
-  fn = jax.jit(mesh_lib.bind(functools.partial(sampling.decode_step, model, spec.scfg, window), a.mesh, a.rules),
+  reqs, state = jax.eval_shape(start, params, *_inputs(a, spec))
+  fn = jax.jit(mesh_lib.bind(functools.partial(engine.step, model, spec.scfg, window, lockstep), a.mesh, a.rules),
                donate_argnums=2)
-  return Call(fn, (params, by_rows(a, batch, spec.rows), by_rows(a, state, spec.rows)))
+  results = ("tokens", "logp", "valid", "stopped")  # one row per request; the rest one per cache row
+  state = state._replace(**{k: by_rows(a, v, spec.rows if k in results else rows) for k, v in state._asdict().items()})
+  return Call(fn, (params, by_rows(a, reqs, spec.rows), state))
+
+
+def _decode_call(a: Abstract, spec: SamplerSpec, window: int, model: ModelConfig) -> Call:
+  start = functools.partial(drivers.prefill, model, spec.scfg)
+  return _step_call(a, spec, model, start, window, True, spec.rows)
 
 
 def _refill_call(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Call:
-  params = _cast(a, spec, model)
-  prompts, lengths, rng, stop, budget = _inputs(a, spec)
-  queue = refill.Queue(prompts, lengths, rng, stop, budget)
-  state = jax.eval_shape(functools.partial(refill.start, model, spec.scfg, spec.scfg.slots), queue)
-  fn = jax.jit(mesh_lib.bind(functools.partial(refill.step, model, spec.scfg), a.mesh, a.rules), donate_argnums=2)
   slots = min(spec.scfg.slots, spec.rows)
-  state = {k: by_rows(a, v, spec.rows if k in ("tokens", "logp", "valid", "stopped") else slots)
-           for k, v in state.items()}
-  return Call(fn, (params, queue, state))
+  start = lambda params, *inputs: drivers.start_queue(model, spec.scfg, slots, *inputs)  # noqa: E731
+  window = spec.prompt_len + spec.scfg.max_new_tokens
+  return _step_call(a, spec, model, start, window, False, slots)
 
 
 def weight_bytes(model: ModelConfig) -> float:
@@ -101,10 +107,7 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
   decode step apart (cost: the decode step against the HBM roofline). Without `cost`, the call alone, `note`d."""
   model, scfg, B, P = spec.model, spec.scfg, spec.rows, spec.prompt_len
   N = scfg.max_new_tokens
-  if scfg.slots:
-    fn = refill.jit_generate(model, scfg, scfg.slots, a.mesh, a.rules)
-  else:
-    fn = sampling.jit_generate(model, scfg, a.mesh, a.rules)
+  fn = drivers.jit_generate(model, scfg, a.mesh, a.rules)
   memory = Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
   name = spec.name
   if not cost:
@@ -120,7 +123,7 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
     return [call, Program(stage, f"{name}:decode", None, [step], flop, tokens=slots,
                           roofline_bytes=weight_bytes(model) + cache_bytes(model, scfg, slots, P + N), part_of=name,
                           note="one step of every slot (continuous batching)")]
-  windows = sampling.decode_windows(P, N, scfg.window)
+  windows = engine.windows(P, P + N, scfg.window)
   ends = {w: Term(1, f"{stage}/{name}/decode@{w}", functools.partial(_decode_call, a, spec, w))
           for w in {windows[0], windows[-1]}}
   first, last = ends[windows[0]], ends[windows[-1]]

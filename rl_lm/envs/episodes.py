@@ -1,21 +1,9 @@
 """Multi-turn episodes, token in and token out: the policy's turns sampled on device, the environment's replies
 appended as tokens, one KV cache carried across the turns.
 
-Layout. Each row is one episode, written left to right from slot 0 of an S-slot buffer (S =
-`config.env.max_tokens`): the first observation (the prompt), the policy's first turn, the next observation,
-and so on. `fill[b]` slots are real. `sampled[b, t]` marks the policy's tokens (the stop token that ends each
-turn included), which train and carry the sampler's log-probs; every other real slot is an observation token,
-which never trains. No slot is padding inside an episode, so the trainer scores the row with the attention
-mask `slots < fill` and positions 0, 1, 2, ... exactly as the sampler ran it: the result is a
-`sampling.Rollout` with `prompt_mask` = observation tokens and `completion_mask` = sampled tokens, and the RL
-step (rl_lm/train/rl_update.py) trains on it unchanged: its losses and KL see only `completion_mask`.
-
-One turn on device (`_turn`, one jit per observation width O): the rows' observation chunks [B, O] are
-prefilled at each row's own cache offset (`transformer.forward_cached` with a per-row index), the first token
-is drawn from the logits at each row's last observation token, and a `lax.while_loop` decodes one token per
-row per step until every row has stopped (a stop token, its turn budget, or the end of the buffer). A last
-step feeds each row's final token, so the cache holds the whole episode and the next turn prefills only its
-new observation: no re-prefill of the history, nothing re-tokenised.
+Layout and the turn on device: `rl_lm.rollout.turns` (one jit per observation width, the decode engine's loop;
+the result is a `Rollout` with `prompt_mask` = observation tokens and `completion_mask` = sampled tokens, which the
+RL step (rl_lm/train/rl_update.py) trains on unchanged: its losses and KL see only `completion_mask`).
 
 The host, between turns: fetches the new tokens (once per turn), decodes each row's turn to text, steps the
 environments (in worker processes, rl_lm/envs/workers.py, or in this process), frames their observations as
@@ -54,112 +42,9 @@ from rl_lm import sampling
 from rl_lm.chat import ChatTemplateError
 from rl_lm.envs import base, failures
 from rl_lm.envs import text as text_lib
-from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
+from rl_lm.rollout import turns
 from rl_lm.tasks.base import Problem
-
-
-class EpisodeState(NamedTuple):
-  """The device side of a batch of episodes."""
-
-  cache: transformer.KVCache
-  tokens: jax.Array  # [B, S] int32
-  sampled: jax.Array  # [B, S] bool: the policy's tokens
-  logprobs: jax.Array  # [B, S] float32: sampler log-probs of sampled tokens, 0 elsewhere
-  fill: jax.Array  # [B] int32: real slots (all of them in the cache, after a turn)
-
-
-def init_state(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, rows: int, slots: int) -> EpisodeState:
-  dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
-  return EpisodeState(transformer.init_cache(model_cfg, rows, slots, dtype), jnp.full((rows, slots), cfg.pad_id,
-                      jnp.int32), jnp.zeros((rows, slots), bool), jnp.zeros((rows, slots), jnp.float32),
-                      jnp.zeros((rows,), jnp.int32))
-
-
-def _turn(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, params: Any, state: EpisodeState, obs: jax.Array,
-          obs_len: jax.Array, budget: jax.Array, rng: jax.Array, stop_tokens: jax.Array
-          ) -> tuple[EpisodeState, jax.Array]:
-  """Appends each row's observation obs[b, :obs_len[b]] and samples the policy's turn, at most budget[b] tokens
-  (rows with obs_len 0 or budget 0 sit the turn out). -> (state, stopped [B]: the turn ended on a stop token)."""
-  cache, tokens, sampled, logprobs, fill = state
-  B, O = obs.shape  # noqa: E741 -- O: the observation width, as in the shape comments
-  S = tokens.shape[1]
-  rows, slots = jnp.arange(B), jnp.arange(S)[None, :]
-  rng = keys_lib.as_key(rng)
-  keys = jax.vmap(lambda b: jax.random.fold_in(rng, b))(rows)  # [B] keys: a row's draws are its own
-  obs_len = jnp.minimum(obs_len, S - fill)
-  live = (obs_len > 0) & (budget > 0)
-  obs_len = jnp.where(live, obs_len, 0)
-
-  def is_stop(tok):  # [B] -> [B]
-    return jnp.any(tok[:, None] == stop_tokens, axis=-1)
-
-  # PREFILL the observation at each row's own offset; the first token comes from its last observation token.
-  at = fill[:, None] + jnp.arange(O)[None, :]  # [B, O]
-  real = jnp.arange(O)[None, :] < obs_len[:, None]
-  tokens = tokens.at[rows[:, None], jnp.where(real, at, S)].set(obs, mode="drop")
-  end = fill + obs_len
-  logits, cache = transformer.forward_cached(model_cfg, params, obs, at, cache, fill, slots < end[:, None],
-                                             take=obs_len - 1)
-  tok, logp = sampling.sample_token(logits[:, 0], None, cfg,
-                                    row_keys=jax.vmap(jax.random.fold_in)(keys, jnp.zeros_like(rows)))
-
-  def write(tokens, sampled, logprobs, fill, tok, logp, writing):
-    at = jnp.where(writing, fill, S)  # slot S: out of range, dropped
-    return (tokens.at[rows, at].set(tok, mode="drop"), sampled.at[rows, at].set(True, mode="drop"),
-            logprobs.at[rows, at].set(logp, mode="drop"), fill + writing.astype(jnp.int32))
-
-  fill = end
-  writing = live & (fill < S)
-  last = tokens[rows, jnp.maximum(fill - 1, 0)]  # what a row that sits the turn out feeds: its own last token
-  tokens, sampled, logprobs, fill = write(tokens, sampled, logprobs, fill, tok, logp, writing)
-  stopped = writing & is_stop(tok)
-  done = ~writing | stopped | (budget <= 1) | (fill >= S)
-
-  # DECODE: feed each row's last token at its slot fill - 1, draw the next, until every row is done.
-  def cond(carry):
-    return ~jnp.all(carry[4])
-
-  def body(carry):
-    i, cache, tokens, sampled, done, stopped, logprobs, fill, prev = carry
-    pos = jnp.maximum(fill - 1, 0)
-    logits, cache = transformer.forward_cached(model_cfg, params, prev[:, None], pos[:, None], cache, pos,
-                                               slots <= pos[:, None])
-    tok, logp = sampling.sample_token(logits[:, 0], None, cfg,
-                                      row_keys=jax.vmap(jax.random.fold_in)(keys, jnp.full_like(rows, i)))
-    writing = ~done
-    tokens, sampled, logprobs, fill = write(tokens, sampled, logprobs, fill, tok, logp, writing)
-    hit = writing & is_stop(tok)
-    done = done | hit | (i + 1 >= budget) | (fill >= S)
-    prev = jnp.where(writing, tok, prev)
-    return i + 1, cache, tokens, sampled, done, stopped | hit, logprobs, fill, prev
-
-  # Every row feeds its own last token: a row that is done rewrites that token's cache entry with what it
-  # already held (same token, position and context), so the batch decodes in lockstep without corrupting it.
-  carry = (jnp.int32(1), cache, tokens, sampled, done, stopped, logprobs, fill, jnp.where(writing, tok, last))
-  _, cache, tokens, sampled, _, stopped, logprobs, fill, prev = jax.lax.while_loop(cond, body, carry)
-  # The turn's last token into the cache, so the next observation attends to the whole episode.
-  pos = jnp.maximum(fill - 1, 0)
-  _, cache = transformer.forward_cached(model_cfg, params, prev[:, None], pos[:, None], cache, pos,
-                                        slots <= pos[:, None])
-  return EpisodeState(cache, tokens, sampled, logprobs, fill), stopped
-
-
-def make_turn_fn(model_cfg: ModelConfig, cfg: sampling.SamplingConfig, mesh: jax.sharding.Mesh | None = None,
-                 rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES) -> Callable[..., tuple[EpisodeState, jax.Array]]:
-  """jit(params, state, obs [B, O], obs_len [B], budget [B], rng, stop_tokens [B, K]) -> (state, stopped [B]),
-  the state donated (its cache is written in place)."""
-  return jax.jit(mesh_lib.bind(functools.partial(_turn, model_cfg, cfg), mesh, rules), donate_argnums=(1,))
-
-
-def to_rollout(state: EpisodeState, finished: jax.Array) -> sampling.Rollout:
-  """The episodes as the RL step's `sampling.Rollout`: observation tokens as the prompt mask, the policy's tokens
-  as the completion mask (see the module docstring)."""
-  real = jnp.arange(state.tokens.shape[1])[None, :] < state.fill[:, None]
-  return sampling.Rollout(tokens=state.tokens, prompt_mask=real & ~state.sampled, completion_mask=state.sampled,
-                          logprobs=jnp.where(state.sampled, state.logprobs, 0.0),
-                          lengths=jnp.sum(state.sampled, axis=1).astype(jnp.int32), finished=finished)
-
 
 # --- framing: text at the environment boundary, tokens inside -------------------------------------------
 
@@ -319,9 +204,9 @@ class EpisodeRunner:
     self.model_cfg, self.scfg, self.tok, self.envs, self.limits, self.rows = model_cfg, scfg, tok, envs, limits, rows
     self.mesh, self.rules, self.faults = mesh, rules, faults
     self.framing = Framing(tok, limits.max_tokens)
-    self._turn = make_turn_fn(model_cfg, scfg, mesh, rules)
-    self._init = jax.jit(functools.partial(init_state, model_cfg, scfg, rows, limits.max_tokens))
-    self._rollout = jax.jit(to_rollout)
+    self._turn = turns.make_turn_fn(model_cfg, scfg, limits.turn_tokens, mesh, rules)
+    self._init = jax.jit(functools.partial(turns.init_state, model_cfg, scfg, rows, limits.max_tokens))
+    self._rollout = jax.jit(turns.to_rollout)
 
   def _frame(self, tracker: failures.Tracker, observation: Any, source: str, first: bool = False
              ) -> list[int] | None:

@@ -310,12 +310,10 @@ def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, al
 
 def forward_cached(
   cfg: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
-  index: jax.Array, kv_mask: jax.Array, last_only: bool = False, window: int | None = None,
-  take: jax.Array | None = None,
+  index: jax.Array, kv_mask: jax.Array, window: int | None = None, take: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache]:
-  """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache); with
-  `last_only`, the logits of the last position alone ([B, 1, V]: a prefill needs no more, and with a large
-  vocabulary the others would cost B * T * V floats).
+  """Runs `tokens` [B, T] at cache slots index..index+T-1 and returns (logits [B, T, V], cache). What the decode
+  engine (rl_lm/rollout/engine.py) needs, and nothing more:
 
   positions [B, T] int32: rotary positions of the new tokens. kv_mask [B, S] bool: which cache
   slots hold real tokens, the new ones included. Slot s is visible to new token t when
@@ -325,9 +323,10 @@ def forward_cached(
   written in place: a step writes T slots per layer, never a new cache.
   index: a scalar (every row writes slots index..index+T-1), or [B] int32 (row b writes slots index[b] ..
   index[b] + T - 1: rows at different lengths, as in continuous batching and multi-turn episodes; slots past
-  the cache's end are not written).
-  take: [B] int32, the logits of position take[b] of each row alone ([B, 1, V]; a per-row `last_only`, for
-  chunks whose rows end at different lengths).
+  the cache's end are not written: an idle row writes at S).
+  take: [B] int32, the logits of position take[b] of each row alone ([B, 1, V]): a prefill draws from one
+  position per row (rows end at different lengths), and with a large vocabulary the others would cost B * T * V
+  floats.
   """
   chex.assert_rank(tokens, 2)  # checked while tracing: free per step
   chex.assert_type(tokens, int)
@@ -361,8 +360,8 @@ def forward_cached(
       k = jnp.transpose(k, (0, 2, 3, 1)).astype(k_all.dtype)  # [B, K, Dh, T]
       v = jnp.transpose(v, (0, 2, 1, 3)).astype(v_all.dtype)  # [B, K, T, Dh]
       if per_row and T == 1:  # one slot per row, scattered in place
-        k_new = k_all.at[layer, rows, :, :, index].set(k[..., 0])
-        v_new = v_all.at[layer, rows, :, index].set(v[:, :, 0])
+        k_new = k_all.at[layer, rows, :, :, index].set(k[..., 0], mode="drop")
+        v_new = v_all.at[layer, rows, :, index].set(v[:, :, 0], mode="drop")
       elif per_row:  # T slots per row from index[b]; advanced indices first: values [B, T, K, Dh]
         at = index[:, None] + jnp.arange(T)  # [B, T]
         k_new = k_all.at[layer, rows[:, None], :, :, at].set(jnp.transpose(k, (0, 3, 1, 2)), mode="drop")
@@ -383,7 +382,5 @@ def forward_cached(
   (x, k, v, _), _ = jax.lax.scan(body, carry, params["layers"])
   if take is not None:
     x = jnp.take_along_axis(x, jnp.clip(take, 0, T - 1).astype(jnp.int32)[:, None, None], axis=1)  # [B, 1, D]
-  elif last_only:
-    x = x[:, -1:]
   h = rms_norm(x, params["final_norm"], cfg.rms_eps)
   return logits_from_hidden(cfg, params, h), KVCache(k, v)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from rl_lm import keys, refill, sampling, tokenizer
+from rl_lm import keys, sampling, tokenizer
 from rl_lm import mesh as mesh_lib
 from rl_lm.models.presets import ModelConfig
 
@@ -57,7 +57,7 @@ class Sampler:
     self.model_cfg = model_cfg.replace(dtype=dtype) if dtype else model_cfg
     self.scfg, self.tok, self.mesh, self.rules = scfg, tok, mesh, rules
     self.prompt_len, self.rows = prompt_len, rows
-    self._generate = refill.generate_fn(self.model_cfg, scfg, mesh, rules)  # static or continuous batching
+    self._generate = sampling.make_generate_fn(self.model_cfg, scfg, mesh, rules)  # static or continuous batching
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.model_cfg.compute_dtype), p))
     self._whole_embed: Any = None  # jit(copy of the embedding table, whole along the vocabulary), made when needed
 

@@ -15,7 +15,7 @@ import time
 import jax
 
 from rl_lm import mesh as mesh_lib
-from rl_lm import refill, sampling
+from rl_lm import sampling
 from rl_lm.train.context import Context
 
 
@@ -32,7 +32,7 @@ def run(ctx: Context) -> None:
   prompts = mesh_lib.put(prompts, batch_sharding)
   lengths = mesh_lib.put(lengths, mesh_lib.batch_sharding(mesh, rules, lengths.shape))
   scfg = sampling.config_from(config.sampling, tok)
-  generate = refill.generate_fn(model_cfg, scfg, mesh, rules)
+  generate = sampling.make_generate_fn(model_cfg, scfg, mesh, rules)
 
   records, timings = [], []
   for b in range(config.sample.num_batches):
