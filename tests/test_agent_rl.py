@@ -59,7 +59,7 @@ STOPS = tuple(range(2, 40))  # eos and 37 characters: the random test model ends
 
 def trainer_for(config, tmp_path) -> RLTrainer:
   trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda *_: None)
-  runner = trainer.agent.train
+  runner = trainer.source.agent.train
   runner.scfg = dataclasses.replace(runner.scfg, stop_tokens=STOPS)
   return trainer
 
@@ -68,20 +68,20 @@ def trainer_for(config, tmp_path) -> RLTrainer:
 def trainer(tmp_path_factory):
   trainer = trainer_for(agent_config(), tmp_path_factory.mktemp("agent"))
   yield trainer
-  trainer.agent.close()
+  trainer.source.agent.close()
 
 
 def test_a_foreign_environment_trains_through_the_unchanged_update(trainer):
   before = jax.device_get(trainer.state.policy.params)
   rec = record(trainer, 1)
-  rollout = rec.batch.rollout
+  rollout = rec.batch.device
   obs = np.asarray(rollout.prompt_mask)
   assert not rec.data["mask"][obs].any(), "an observation token reached the loss"
-  assert np.array_equal(rec.data["mask"], np.asarray(rollout.completion_mask) & rec.batch.valid[:, None])
+  assert np.array_equal(rec.data["mask"], np.asarray(rollout.completion_mask) & rec.batch.host.valid[:, None])
   assert (rec.data["advantages"][obs] == 0).all()
   assert rec.metrics["episodes/turns_mean"] > 1.5  # most episodes took their second turn
   assert rec.metrics["episodes/failure_env"] == 0.0
-  assert ((rec.batch.scores >= 0) & (rec.batch.scores <= 2)).all()  # two turns of a digit share each
+  assert ((rec.batch.host.scores >= 0) & (rec.batch.host.scores <= 2)).all()  # two turns of a digit share each
   moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, rec.params))
   assert max(moved) > 0, "the update did not change the policy"
 
@@ -89,12 +89,12 @@ def test_a_foreign_environment_trains_through_the_unchanged_update(trainer):
 def test_environment_failures_are_masked_not_scored(trainer, monkeypatch):
   monkeypatch.setattr(DigitsEnv, "BUGGY", True)
   rec = record(trainer, 2)
-  env_failed = np.asarray([s.startswith("environment") for s in rec.batch.statuses])
+  env_failed = np.asarray([s.startswith("environment") for s in rec.batch.host.statuses])
   assert env_failed.any() and not env_failed.all()
-  assert not rec.batch.valid[env_failed].any() and rec.batch.valid[~env_failed].all()
+  assert not rec.batch.host.valid[env_failed].any() and rec.batch.host.valid[~env_failed].all()
   assert not rec.data["mask"][env_failed].any() and (rec.data["advantages"][env_failed] == 0).all()
   assert rec.metrics["episodes/failure_env"] == pytest.approx(env_failed.mean())
-  assert all("environment bug" in s for s in np.asarray(rec.batch.statuses)[env_failed])
+  assert all("environment bug" in s for s in np.asarray(rec.batch.host.statuses)[env_failed])
 
 
 @pytest.mark.slow
@@ -107,18 +107,18 @@ def test_injected_faults_are_found_and_killed_workers_replaced(tmp_path):
     flagged = []
     for step in (1, 2):
       rec = record(trainer, step)
-      flagged += [s.startswith("environment") for s in rec.batch.statuses]
+      flagged += [s.startswith("environment") for s in rec.batch.host.statuses]
       assert rec.metrics["faults/precision"] >= 0.95 and rec.metrics["faults/recall"] >= 0.95, rec.metrics
-      env_failed = np.asarray([s.startswith("environment") for s in rec.batch.statuses])
+      env_failed = np.asarray([s.startswith("environment") for s in rec.batch.host.statuses])
       assert not rec.data["mask"][env_failed].any()
-    assert sum(flagged) > 0 and trainer.agent.envs.stats["replaced"] > 0
+    assert sum(flagged) > 0 and trainer.source.agent.envs.stats["replaced"] > 0
     # A worker killed from outside between steps: replaced before the next batch, its episodes masked.
-    os.kill(trainer.agent.envs.health()[0]["pid"], 9)
+    os.kill(trainer.source.agent.envs.health()[0]["pid"], 9)
     rec = record(trainer, 3)
     assert rec.metrics["faults/recall"] >= 0.95
-    assert all(h["alive"] for h in trainer.agent.envs.health())
+    assert all(h["alive"] for h in trainer.source.agent.envs.health())
   finally:
-    trainer.agent.close()
+    trainer.source.agent.close()
 
 
 def test_fault_plan_is_a_fixed_draw_at_the_configured_rates():
@@ -176,11 +176,11 @@ def test_ppo_over_episodes_values_skip_observations(tmp_path):
   try:
     rec = record(trainer)
   finally:
-    trainer.agent.close()
-  obs = np.asarray(rec.batch.rollout.prompt_mask)
-  comp = np.asarray(rec.batch.rollout.completion_mask)
+    trainer.source.agent.close()
+  obs = np.asarray(rec.batch.device.prompt_mask)
+  comp = np.asarray(rec.batch.device.completion_mask)
   assert (rec.data["advantages"][obs] == 0).all() and (rec.data["returns"][obs] == 0).all()
-  assert np.abs(rec.data["returns"][comp & rec.batch.valid[:, None]]).sum() > 0
+  assert np.abs(rec.data["returns"][comp & rec.batch.host.valid[:, None]]).sum() > 0
   assert np.isfinite(rec.metrics["train/loss"])
 
 

@@ -43,13 +43,13 @@ SCRIPT = textwrap.dedent("""
   ctx = make_context(config, out_dir)
   trainer = RLTrainer(ctx, log=lambda *_: None)
   collected = {}
-  collect = trainer.collect
-  trainer.collect = lambda step, timings: collected.setdefault("out", collect(step, timings))
+  collect = trainer.source.next
+  trainer.source.next = lambda step, version, timings: collected.setdefault("out", collect(step, version, timings))
   metrics = trainer.train_step(1)
   params = mesh_lib.fetch(trainer.state.policy.params)
   if jax.process_index() == 0:
     flat = {"/".join(str(k) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_leaves_with_path(params)}
-    np.savez(f"{out_dir}/params.npz", tokens=collected["out"][0].host["tokens"], **flat)
+    np.savez(f"{out_dir}/params.npz", tokens=collected["out"][0].host.tokens, **flat)
     with open(f"{out_dir}/metrics.json", "w") as f:
       json.dump({k: v for k, v in metrics.items() if not k.startswith("perf/")}, f)
   print("process", jax.process_index(), "of", jax.process_count(), "done", flush=True)

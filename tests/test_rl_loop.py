@@ -126,7 +126,7 @@ def make_ctx(config: ml_collections.ConfigDict, shape: tuple[int, int, int], wor
 class Recorded:
   """What one `train_step` saw: the episodes (after dynamic sampling), the update's inputs, the metrics."""
 
-  batch: Any  # rl.Episodes
+  batch: Any  # rollout.batch.RolloutBatch
   data: dict[str, np.ndarray]  # the TrainBatch on the host
   metrics: dict[str, float]
   params: Any  # policy parameters after the step, on the host
@@ -141,10 +141,10 @@ def record(trainer: RLTrainer, step: int = 1, before_update: Callable[[rl_update
            ) -> Recorded:
   """Runs `trainer.train_step(step)`, keeping the episodes and the update inputs it built."""
   seen: dict[str, Any] = {}
-  collect, update_fn = trainer.collect, trainer.update_fn
+  collect, update_fn = trainer.source.next, trainer.update_fn
 
-  def collect_spy(s, timings):
-    out = collect(s, timings)
+  def collect_spy(s, version, timings):
+    out = collect(s, version, timings)
     seen["batch"] = out[0]
     return out
 
@@ -155,11 +155,11 @@ def record(trainer: RLTrainer, step: int = 1, before_update: Callable[[rl_update
       before_update(batch)
     return update_fn(state, batch, key, *frozen)
 
-  trainer.collect, trainer.update_fn = collect_spy, update_spy
+  trainer.source.next, trainer.update_fn = collect_spy, update_spy
   try:
     metrics = trainer.train_step(step)
   finally:
-    del trainer.collect  # back to the class's method
+    del trainer.source.next  # back to the class's method
     trainer.update_fn = update_fn
   value = trainer.state.value.params if trainer.state.value is not None else None
   return Recorded(seen["batch"], seen["data"], metrics, jax.device_get(trainer.state.policy.params),
@@ -280,7 +280,7 @@ def test_bf16_sampler_gap_is_measured_and_corrected(tmp_path):
     losses["ones"] = _pg_loss(trainer, batch, is_weights=jnp.ones_like(batch.is_weights))
 
   rec = record(trainer, before_update=before_update)
-  m, data, rollout = rec.metrics, rec.data, host(rec.batch.rollout._asdict())
+  m, data, rollout = rec.metrics, rec.data, host(rec.batch.device._asdict())
   comp = rollout["completion_mask"]
 
   assert m["offpolicy/logprob_gap_mean_abs"] > 1e-4
@@ -323,9 +323,9 @@ def test_verifier_errors_are_masked(tmp_path):
   trainer = RLTrainer(make_ctx(smoke_config("test_rl_flaky"), (1, 1, 1), str(tmp_path)), log=lambda _: None)
   rec = record(trainer)
   batch, data, m = rec.batch, rec.data, rec.metrics
-  invalid = ~batch.valid
+  invalid = ~batch.host.valid
   assert 0 < invalid.sum() < len(invalid)
-  faults = {s for s, v in zip(batch.statuses, batch.valid, strict=True) if not v}
+  faults = {s for s, v in zip(batch.host.statuses, batch.host.valid, strict=True) if not v}
   assert faults and faults <= {"error", "overloaded"}  # a crash is status "error", not a score
   assert m["rollout/verifier_errors"] == invalid.sum()
   assert m["rollout/invalid_frac"] == pytest.approx(invalid.mean())
@@ -334,8 +334,8 @@ def test_verifier_errors_are_masked(tmp_path):
   assert not data["mask"][invalid].any()
   assert not data["advantages"][invalid].any()
   # Valid rows: GRPO over the valid members of their group only, (s - mean) / (unbiased std + 1e-6).
-  G = trainer.G
-  scores, valid = batch.scores.reshape(-1, G), batch.valid.reshape(-1, G)
+  G = trainer.source.G
+  scores, valid = batch.host.scores.reshape(-1, G), batch.host.valid.reshape(-1, G)
   want = np.zeros_like(scores)
   for g in range(len(scores)):
     s = scores[g][valid[g]]
@@ -355,18 +355,18 @@ def test_verifier_errors_are_masked(tmp_path):
 def test_dynamic_sampling_refills_to_exactly_prompts_per_step(tmp_path):
   config = smoke_config("test_rl_starts_with_digit", dynamic_sampling=True, max_extra_rollouts=2)
   trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path)), log=lambda _: None)
-  attempts_before = int(trainer.curriculum.attempts.sum())
+  attempts_before = int(trainer.source.curriculum.attempts.sum())
   rec = record(trainer)
   batch, m = rec.batch, rec.metrics
   P, G = config.rl.prompts_per_step, config.rl.group_size
 
   assert m["dynamic/extra_rollouts"] > 0
-  assert len(batch.problems) == P * G and batch.rollout.tokens.shape[0] == P * G
-  np.testing.assert_array_equal(host(batch.rollout.tokens), batch.host["tokens"])  # device and host rows agree
+  assert len(batch.problems) == P * G and batch.device.tokens.shape[0] == P * G
+  np.testing.assert_array_equal(host(batch.device.tokens), batch.host.tokens)  # device and host rows agree
   assert rec.data["tokens"].shape[0] == P * G
   for g in range(P):  # rows of a group stay adjacent and share their prompt
     assert len({p.id for p in batch.problems[g * G: (g + 1) * G]}) == 1
-  zero_var = np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.scores), G, jnp.asarray(batch.valid)))
+  zero_var = np.asarray(adv_lib.group_zero_variance(jnp.asarray(batch.host.scores), G, jnp.asarray(batch.host.valid)))
   n_signal = int((~zero_var).sum())
   assert n_signal > 0
   assert not zero_var[:n_signal].any()  # groups with signal first, zero-variance fillers after
@@ -375,7 +375,7 @@ def test_dynamic_sampling_refills_to_exactly_prompts_per_step(tmp_path):
   assert m["groups/zero_variance_frac"] >= m["dynamic/zero_variance_frac_trained"]  # the first draw, before refilling
   # Every rollout, kept or dropped, was evidence for the curriculum.
   rounds = 1 + int(m["dynamic/extra_rollouts"])
-  assert int(trainer.curriculum.attempts.sum()) - attempts_before == rounds * P * G
+  assert int(trainer.source.curriculum.attempts.sum()) - attempts_before == rounds * P * G
 
 
 # ------------------------------------------------------------------------------------------------
@@ -390,11 +390,12 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
   for synchronous in (False, True):
     trainer = RLTrainer(make_ctx(config, (1, 1, 1), str(tmp_path / str(synchronous))), log=lambda _: None)
     if synchronous:  # no queue at all: each step samples its own rollout with the policy of the moment
-      trainer._first_rollout = lambda step, timings, t=trainer: (
-        t._rollout(t.curriculum.next_batch(t.rl.prompts_per_step), t._rollout_key(step, 0), timings), 0.0)
+      src = trainer.source
+      src.first = lambda step, version, timings, s=src: (s.score(s.dispatch(
+        step, version, s.curriculum.next_batch(s.rl.prompts_per_step), s.key(step, 0)), version, timings), 0.0)
     runs.append([record(trainer, step) for step in (1, 2, 3)])
   for a, b in zip(*runs, strict=True):
-    np.testing.assert_array_equal(a.batch.host["tokens"], b.batch.host["tokens"])
+    np.testing.assert_array_equal(a.batch.host.tokens, b.batch.host.tokens)
     assert float_metrics(a.metrics) == float_metrics(b.metrics)
     assert all(np.asarray(x).tobytes() == np.asarray(y).tobytes()
                for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True))
@@ -413,15 +414,15 @@ def test_staleness_one_samples_each_step_with_the_policy_one_update_old(tmp_path
     recs.append(record(trainer, step))
     params.append(jax.tree.map(jnp.copy, trainer.policy()))
   assert [r.metrics["offpolicy/staleness_mean"] for r in recs] == [0.0, 1.0, 1.0]
-  assert not trainer._inflight  # nothing sampled past the last step
+  assert not trainer.source.queue  # nothing sampled past the last step
   for step in (2, 3):
     batch = recs[step - 1].batch
     prompts = [p.prompt for p in batch.problems]
-    old = trainer.sampler.rollout(params[step - 2], prompts, trainer._rollout_key(step, 0))
-    np.testing.assert_array_equal(host(old[0].tokens), batch.host["tokens"])  # the policy of before update k - 1
-    np.testing.assert_array_equal(host(old[0].logprobs), host(batch.rollout.logprobs))
-    fresh = trainer.sampler.rollout(params[step - 1], prompts, trainer._rollout_key(step, 0))
-    assert not np.array_equal(host(fresh[0].logprobs), host(batch.rollout.logprobs))  # not the current policy's
+    old = trainer.source.sampler.rollout(params[step - 2], prompts, trainer.source.key(step, 0))
+    np.testing.assert_array_equal(host(old[0].tokens), batch.host.tokens)  # the policy of before update k - 1
+    np.testing.assert_array_equal(host(old[0].logprobs), host(batch.device.logprobs))
+    fresh = trainer.source.sampler.rollout(params[step - 1], prompts, trainer.source.key(step, 0))
+    assert not np.array_equal(host(fresh[0].logprobs), host(batch.device.logprobs))  # not the current policy's
 
 
 # ------------------------------------------------------------------------------------------------

@@ -50,8 +50,8 @@ def best_of_n(base: Path, seed: int, prompts: int, max_n: int, variant: str = ""
   from rl_lm.tasks.preferences import gold_score
   from rl_lm.train import reward_model, stage_run
   from rl_lm.train.context import make_context
-  from rl_lm.train.rl import task_from_config
   from rl_lm.train.rollout import Sampler
+  from rl_lm.train.source import task_from_config
 
   config = rlhf_ppo.get_config(variant or None)
   config.seed = seed

@@ -1,10 +1,11 @@
 """The RL loop's multi-turn side (`config.env.name`): episodes instead of single completions, their metrics, and
 held-out pass@k over episodes.
 
-The loop (rl_lm/train/rl.py) is unchanged past the rollout: `Agent.episodes` returns the same `Episodes` a
-single-turn rollout gives, with the episode's return as its score, environment failures as invalid rows (masked
-from the gradient, like a verifier's error, never a reward of 0), and every episode's verdict as its status
-(`success`, `task: ...`, `model: ...`, `environment: ...`, rl_lm/envs/failures.py).
+The loop (rl_lm/train/rl.py) is unchanged past the rollout: the rollout source (rl_lm/train/source.py) turns a batch
+of episodes into the same `RolloutBatch` a single-turn rollout gives (`host_half`), with the episode's return as its
+score, environment failures as invalid rows (masked from the gradient, like a verifier's error, never a reward of 0),
+and every episode's verdict as its status (`success`, `task: ...`, `model: ...`, `environment: ...`,
+rl_lm/envs/failures.py).
 
 Environments run in `config.env.workers` processes (rl_lm/envs/workers.py; 0: in this process). Faults are
 injected at `config.env.faults` rates, drawn per (episode, turn) from the run's seed, so a resumed run injects
@@ -22,7 +23,17 @@ import numpy as np
 
 from rl_lm import evaluation, keys, sampling
 from rl_lm.envs import base, episodes, failures, workers
+from rl_lm.rollout.batch import Host
 from rl_lm.tasks.base import Problem
+
+
+def host_half(batch: episodes.EpisodeBatch, staleness: np.ndarray) -> Host:
+  """A batch of episodes as the rollout's host half: the return as the score, environment failures as invalid rows
+  (masked from the gradient), every episode's verdict as its status."""
+  return Host(batch.host["tokens"], batch.host["lengths"], batch.host["finished"], list(batch.transcripts),
+              batch.returns.astype(np.float32), np.asarray([v.trains for v in batch.verdicts], bool),
+              batch.success.copy(), [f"{v.outcome}: {v.reason}" if v.reason else v.outcome for v in batch.verdicts],
+              staleness)
 
 
 class Transcript(str):
@@ -93,17 +104,11 @@ class Agent:
   def _seeds(self, step: int, k: int, n: int) -> list[int]:
     return [int(s) for s in np.random.SeedSequence([self.seed, step, k, 11]).generate_state(n)]
 
-  def episodes(self, params: Any, rows: list[Problem], rng: jax.Array, step: int, k: int = 0
-               ) -> tuple[episodes.EpisodeBatch, dict[str, Any]]:
-    """One batch of training episodes (row b: `rows[b]`), and the fields of the loop's `Episodes` from it."""
+  def train_episodes(self, params: Any, rows: list[Problem], rng: jax.Array, step: int, k: int = 0
+                     ) -> episodes.EpisodeBatch:
+    """One batch of training episodes (row b: `rows[b]`), for step `step`'s k-th rollout (its faults and seeds)."""
     self.faults.batch = (step, k)
-    batch = self.train.run(params, rows, rng, self._seeds(step, k, len(rows)))
-    fields = dict(
-      host={k: batch.host[k] for k in ("tokens", "lengths", "finished")}, texts=batch.transcripts,
-      scores=batch.returns.astype(np.float32), valid=np.asarray([v.trains for v in batch.verdicts], bool),
-      success=batch.success.copy(), statuses=[f"{v.outcome}: {v.reason}" if v.reason else v.outcome
-                                              for v in batch.verdicts])
-    return batch, fields
+    return self.train.run(params, rows, rng, self._seeds(step, k, len(rows)))
 
   def metrics(self, batches: Sequence[episodes.EpisodeBatch]) -> dict[str, float]:
     """episodes/* over every batch of the step: failure fractions by class (and of them, the episodes an

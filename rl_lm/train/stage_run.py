@@ -113,6 +113,12 @@ def count_lines(path: str) -> int:
     return sum(1 for _ in f)
 
 
+def checkpoint_due(config: Any, total_steps: int, step: int) -> bool:
+  """Whether a stage of `total_steps` saves a checkpoint after `step` (`config.checkpoint.every`, and the last)."""
+  every = config.checkpoint.every
+  return step == total_steps or bool(every and step % every == 0)
+
+
 class StageRun:
   """Checkpoints and the metrics file of one stage; `start_step` > 0 means a resume. A context manager
   (closed on leaving); `log` speaks on process 0 only."""
@@ -203,7 +209,7 @@ class StageRun:
       os.replace(self.metrics_path, self.metrics_path + ".previous")
 
   def due(self, step: int) -> bool:
-    return step == self.total or bool(self.every and step % self.every == 0)
+    return step == self.total or bool(self.every and step % self.every == 0)  # `checkpoint_due`
 
   def save(self, step: int, items: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
     record = {"step": step, "total_steps": self.total, "metrics_lines": count_lines(self.metrics_path),

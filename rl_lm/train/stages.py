@@ -39,23 +39,23 @@ def _sample(ctx: Context) -> Any:
 
 @register("sft")
 def _sft(ctx: Context) -> Any:
-  from rl_lm.train import rl, sft
+  from rl_lm.train import sft, source
 
-  return sft.train(ctx, rl.task_from_config(ctx.config), ctx.config.sft)
+  return sft.train(ctx, source.task_from_config(ctx.config), ctx.config.sft)
 
 
 @register("reward_model")
 def _reward_model(ctx: Context) -> Any:
-  from rl_lm.train import reward_model, rl
+  from rl_lm.train import reward_model, source
 
-  return reward_model.train(ctx, rl.task_from_config(ctx.config))
+  return reward_model.train(ctx, source.task_from_config(ctx.config))
 
 
 @register("dpo")
 def _dpo(ctx: Context) -> Any:
-  from rl_lm.train import dpo, rl
+  from rl_lm.train import dpo, source
 
-  return dpo.train(ctx, rl.task_from_config(ctx.config))
+  return dpo.train(ctx, source.task_from_config(ctx.config))
 
 
 @register("rl")
