@@ -198,3 +198,23 @@ def test_python_tool_episode_runs_the_program_in_the_sandbox_and_verifies_the_an
   assert env.step("The answer is 42.").reward == 1.0
   env.reset(problem, np.random.default_rng(0))
   assert env.step("The answer is not 42.").reward == 0.0  # a negated answer earns nothing
+
+
+def test_episodes_compose_with_continuous_batching_and_sampling_ahead(tmp_path):
+  """`sampling.slots` > 0 and `rl.max_staleness` 1 with an environment: 32 episodes through 8 cache rows, each step
+  trained on episodes sampled by the policy one update old, the loss finite."""
+  config = agent_config()
+  config.sampling.slots = 8
+  config.rl.max_staleness = 1
+  config.rl.steps = 2
+  trainer = trainer_for(config, tmp_path)
+  try:
+    assert trainer.source.agent.train.slots == 8
+    recs = [record(trainer, step) for step in (1, 2)]
+  finally:
+    trainer.source.agent.close()
+  assert [r.metrics["offpolicy/staleness_mean"] for r in recs] == [0.0, 1.0]
+  assert not trainer.source.queue  # nothing sampled past the last step
+  for rec in recs:
+    assert rec.batch.device.tokens.shape[0] == 32 and np.isfinite(rec.metrics["train/loss"])
+    assert rec.metrics["episodes/turns_mean"] >= 1

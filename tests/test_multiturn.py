@@ -104,6 +104,24 @@ def test_attention_windows_change_no_token_of_an_episode(batch):
   assert out.host["fill"].max() > 16  # several windows were crossed
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_continuous_batching_runs_the_same_episodes(batch, slots):
+  # 4 episodes through 1 or 3 cache rows: rows return to the host as their turns end and take the next episode as
+  # theirs end, and every episode is the static batch's, token for token (one key per episode and turn).
+  params, _, problems, out = batch
+  runner = episodes.EpisodeRunner(CFG, _runner(4, LIMITS).scfg, TOK, episodes.LocalEnvs(ScriptedEnv), LIMITS, 4,
+                                  slots=slots)
+  again = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
+  for field in ("tokens", "fill", "lengths", "finished"):
+    np.testing.assert_array_equal(again.host[field], out.host[field], err_msg=field)
+  for field in ("tokens", "prompt_mask", "completion_mask"):
+    np.testing.assert_array_equal(np.asarray(getattr(again.rollout, field)), np.asarray(getattr(out.rollout, field)))
+  np.testing.assert_allclose(np.asarray(again.rollout.logprobs), np.asarray(out.rollout.logprobs), atol=1e-5)
+  assert [v.outcome for v in again.verdicts] == [v.outcome for v in out.verdicts]
+  np.testing.assert_array_equal(again.returns, out.returns)
+  np.testing.assert_array_equal(again.turns, out.turns)
+
+
 def test_episode_accounting(batch):
   _, _, _, out = batch
   for b in range(4):

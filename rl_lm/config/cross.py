@@ -103,10 +103,6 @@ def check(config: Any, num_devices: int) -> None:
                                            r.max_prompt_len + c.sampling.max_new_tokens)
     if c.env.name:
       lengths["config.env.max_tokens"] = ("env.max_tokens", c.env.max_tokens)
-      _require(r.max_staleness == 0, "config.rl.max_staleness", "multi-turn episodes (config.env.name) are sampled "
-               "synchronously: needs 0")
-      _require(not c.sampling.slots, "config.sampling.slots", "multi-turn episodes (config.env.name) decode in their "
-               "own loop: needs 0")
   if c.sampling.slots:
     rows["config.sampling.slots"] = c.sampling.slots
   for key, n in rows.items():

@@ -192,6 +192,11 @@ def _bucket(n: int) -> int:
 class EpisodeRunner:
   """Runs batches of `rows` episodes of one environment with the policy's parameters.
 
+  `slots` 0: the episodes' turns in lockstep, one cache row each (a turn ends when its batch's longest turn ends).
+  `slots` > 0: continuous batching over that many cache rows: a row whose turn ends goes back to the host while the
+  other rows decode on (the device returns once a quarter of the rows wait), and a row whose episode ends takes the
+  next episode. Row b's episode draws the same tokens either way (a key per episode and turn).
+
   `envs`: an object with `reset([(id, problem, seed)]) -> [Outcome]`, `step([(id, action, fault)]) -> [Outcome]`
   and `close_episodes(ids)` (rl_lm/envs/workers.py `EnvPool`, or `LocalEnvs` in this process).
   `faults(rows, turn) -> [fault label]` injects faults into the steps of those rows of the batch at that turn
@@ -200,12 +205,18 @@ class EpisodeRunner:
 
   def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, tok: Any, envs: Any, limits: EpisodeLimits,
                rows: int, mesh: jax.sharding.Mesh | None = None, rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES,
-               faults: Callable[[Sequence[int], int], list[str]] | None = None):
+               faults: Callable[[Sequence[int], int], list[str]] | None = None, slots: int = 0):
     self.model_cfg, self.scfg, self.tok, self.envs, self.limits, self.rows = model_cfg, scfg, tok, envs, limits, rows
     self.mesh, self.rules, self.faults = mesh, rules, faults
     self.framing = Framing(tok, limits.max_tokens)
-    self._turn = turns.make_turn_fn(model_cfg, scfg, limits.turn_tokens, mesh, rules)
-    self._init = jax.jit(functools.partial(turns.init_state, model_cfg, scfg, rows, limits.max_tokens))
+    self.slots = min(slots, rows) if slots else rows  # cache rows
+    self._wait = max(1, self.slots // 4) if slots else self.slots  # turns that end before the device returns
+    self._advance = turns.make_advance_fn(model_cfg, scfg, mesh, rules)
+    K = max(len(scfg.stop_tokens), 1)
+    self._init = jax.jit(functools.partial(turns.init_state, model_cfg, scfg, self.slots, limits.max_tokens,
+                                           limits.turn_tokens, K))
+    self._episodes = jax.jit(functools.partial(turns.init_episodes, scfg, rows, limits.max_tokens))
+    self._retire = jax.jit(turns.retire, donate_argnums=(1,))
     self._rollout = jax.jit(turns.to_rollout)
 
   def _frame(self, tracker: failures.Tracker, observation: Any, source: str, first: bool = False
@@ -239,23 +250,27 @@ class EpisodeRunner:
       return jnp.asarray(x)
     return mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
 
+  def _scalar(self, x: int) -> jax.Array:
+    x = np.int32(x)
+    return jax.device_put(x) if self.mesh is None else mesh_lib.put(x, mesh_lib.replicated(self.mesh))
+
   def run(self, params: Any, problems: Sequence[Problem], rng: jax.Array, seeds: Sequence[int]) -> EpisodeBatch:
-    """One episode per problem (exactly `rows`), `seeds[b]` seeding row b's environment."""
-    B, S, lim = self.rows, self.limits.max_tokens, self.limits
+    """One episode per problem (exactly `rows`), `seeds[b]` seeding episode b's environment."""
+    Q, R, S, lim = self.rows, self.slots, self.limits.max_tokens, self.limits
     rng = keys_lib.as_key(rng)
-    if len(problems) != B:
-      raise ValueError(f"EpisodeRunner.run takes exactly {B} problems, got {len(problems)}")
-    ids = [next(_EPISODE_IDS) for _ in range(B)]  # unique in the process: runners may share one pool
-    tracker = [failures.Tracker() for _ in range(B)]
-    returns = np.zeros((B,), np.float32)
-    success = np.zeros((B,), bool)
-    turns = np.zeros((B,), np.int32)
-    calls = np.zeros((B,), np.int32)
-    transcripts = [""] * B
-    pending: list[list[int] | None] = [None] * B  # the observation tokens each live row reads next
+    if len(problems) != Q:
+      raise ValueError(f"EpisodeRunner.run takes exactly {Q} problems, got {len(problems)}")
+    ids = [next(_EPISODE_IDS) for _ in range(Q)]  # unique in the process: runners may share one pool
+    tracker = [failures.Tracker() for _ in range(Q)]
+    returns = np.zeros((Q,), np.float32)
+    success = np.zeros((Q,), bool)
+    turns_taken = np.zeros((Q,), np.int32)
+    calls = np.zeros((Q,), np.int32)
+    transcripts = [""] * Q
+    pending: list[list[int] | None] = [None] * Q  # the observation tokens each episode reads next
     clock = {"policy": 0.0, "env": 0.0}
     start = time.perf_counter()
-    resets = self.envs.reset([(ids[b], problems[b], int(seeds[b])) for b in range(B)])
+    resets = self.envs.reset([(ids[b], problems[b], int(seeds[b])) for b in range(Q)])
     clock["env"] += time.perf_counter() - start
     for b, out in enumerate(resets):
       if not out.ok:
@@ -264,63 +279,96 @@ class EpisodeRunner:
       pending[b] = self._frame(tracker[b], out.value, "environment", first=True)
       transcripts[b] = _shown(out.value, pending[b] is not None)
     stops = np.asarray(self.scfg.stop_tokens or (-1,), np.int32)
-    stop = np.broadcast_to(stops, (B, stops.shape[0]))
-    stop_dev = self._put(stop)
-    state = self._init()
-    fill = np.zeros((B,), np.int32)
-    host_tokens = np.zeros((B, S), np.int32)
-    for turn in range(lim.max_turns):
-      live = [b for b in range(B) if pending[b] is not None]
-      if not live:
+    stop_dev = self._put(np.ascontiguousarray(np.broadcast_to(stops, (R, stops.shape[0]))))
+    state, results = self._init(), self._episodes()
+    fill = np.zeros((R,), np.int32)  # host copies of the rows' buffers: fill and tokens
+    host_tokens = np.full((Q, S), self.scfg.pad_id, np.int32)
+    final_fill = np.zeros((Q,), np.int32)
+    episode = np.full((R,), -1, np.int32)  # the episode each row holds (-1: none)
+    queue = list(range(Q))[::-1]  # episodes not started yet, next last
+    flying = np.zeros((R,), bool)  # a turn in flight
+    budget = np.zeros((R,), np.int32)
+    turn_no = np.zeros((R,), np.int32)
+    restart = np.zeros((R,), bool)
+    retire = np.full((R,), Q, np.int32)  # rows whose episode is copied out before the next call
+    obs_n = np.zeros((R,), np.int32)  # the length of the observation that started the turn in flight
+
+    def finish(r: int) -> None:  # row r's episode is over: copied out (if it took a turn), the row freed
+      b = episode[r]
+      if pending[b] is not None and turns_taken[b] >= lim.max_turns:
+        tracker[b].model("turn limit")  # still talking when the turns ran out
+      pending[b] = None
+      if turns_taken[b]:
+        retire[r], final_fill[b], host_tokens[b] = b, fill[r], row_tokens[r]
+      episode[r] = -1
+
+    row_tokens = np.zeros((R, S), np.int32)
+    while True:
+      # Every row without a turn in flight: its episode's next observation, or the next episode.
+      obs_ids: dict[int, list[int]] = {}
+      for r in range(R):
+        while not flying[r]:
+          if episode[r] < 0:
+            if not queue:
+              break
+            episode[r], restart[r], fill[r], turn_no[r] = queue.pop(), True, 0, 0
+          b = episode[r]
+          ids_b = pending[b]
+          if ids_b is not None and turns_taken[b] < lim.max_turns and S - fill[r] - len(ids_b) < 1:
+            tracker[b].model("token budget exhausted")  # no room for the observation and one token of a reply
+            ids_b = pending[b] = None
+          if ids_b is None or turns_taken[b] >= lim.max_turns:
+            finish(r)
+            continue
+          obs_ids[r], obs_n[r], flying[r] = ids_b, len(ids_b), True
+          budget[r], turn_no[r] = min(lim.turn_tokens, S - fill[r] - len(ids_b)), turns_taken[b]
+      if retire.min() < Q:  # before the rows are reused
+        results = self._retire(state, results, self._put(retire))
+        retire[:] = Q
+      if not flying.any():
         break
-      width = _bucket(max(len(pending[b]) for b in live))
-      obs = np.full((B, width), self.tok.pad_id, np.int32)
-      obs_len = np.zeros((B,), np.int32)
-      budget = np.zeros((B,), np.int32)
-      for b in live:
-        ids_b = pending[b]
-        room = S - fill[b] - len(ids_b)
-        if room < 1:  # no room for the observation and one token of a reply
-          tracker[b].model("token budget exhausted")
-          pending[b] = None
-          continue
-        obs[b, : len(ids_b)] = ids_b
-        obs_len[b] = len(ids_b)
-        budget[b] = min(lim.turn_tokens, room)
+      width = _bucket(max([len(v) for v in obs_ids.values()], default=1))
+      obs = np.full((R, width), self.tok.pad_id, np.int32)
+      obs_len = np.zeros((R,), np.int32)
+      for r, ids_r in obs_ids.items():
+        obs[r, : len(ids_r)] = ids_r
+        obs_len[r] = len(ids_r)
       start = time.perf_counter()
-      state, stopped = self._turn(params, state, self._put(obs), self._put(obs_len), self._put(budget),
-                                  keys_lib.fold(rng, turn), stop_dev)
-      new_fill, stopped, tokens = mesh_lib.fetch((state.fill, stopped, state.tokens))
+      state, ended, stopped = self._advance(
+        params, state, self._put(obs), self._put(obs_len), self._put(budget), self._put(restart),
+        self._put(np.maximum(episode, 0)), self._put(turn_no), rng, stop_dev,
+        self._scalar(max(0, int(flying.sum()) - self._wait)))
+      restart[:] = False
+      new_fill, ended, stopped, row_tokens = mesh_lib.fetch((state.fill, ended, stopped, state.tokens))
       clock["policy"] += time.perf_counter() - start
-      host_tokens = tokens
-      acted = [b for b in range(B) if budget[b] > 0]
       actions, said = [], {}
-      for b in acted:
-        turn_ids = tokens[b, fill[b] + obs_len[b]: new_fill[b]]
+      for r in np.flatnonzero(ended):
+        b = episode[r]
+        flying[r] = False
+        turn_ids = row_tokens[r, fill[r] + obs_n[r]: new_fill[r]]
         text, undecodable = _decode(self.tok, turn_ids)
-        turns[b] += 1
-        transcripts[b] += f"\n<turn {turn + 1}> {text_lib.visible(text)}"
-        tracker[b].turn(turn_ids.tolist(), text, bool(stopped[b]))
-        said[b] = text
+        turns_taken[b] += 1
+        transcripts[b] += f"\n<turn {turns_taken[b]}> {text_lib.visible(text)}"
+        tracker[b].turn(turn_ids.tolist(), text, bool(stopped[r]))
+        said[r] = text
         if undecodable:
           tracker[b].model(undecodable)
           pending[b] = None
-        elif not stopped[b]:  # cut at its budget: the policy ran on
-          tracker[b].model("turn token budget exhausted" if new_fill[b] < S else "token budget exhausted")
+        elif not stopped[r]:  # cut at its budget: the policy ran on
+          tracker[b].model("turn token budget exhausted" if new_fill[r] < S else "token budget exhausted")
+          pending[b] = None
+        elif tracker[b].repeating():
+          tracker[b].model("repetition loop")
           pending[b] = None
         else:
-          actions.append(b)
-      fill = new_fill
-      loop = [b for b in actions if tracker[b].repeating()]
-      for b in loop:
-        tracker[b].model("repetition loop")
-        pending[b] = None
-      actions = [b for b in actions if b not in loop]
-      faults = self.faults(actions, turn) if self.faults else [""] * len(actions)
+          actions.append(r)
+      fill = np.where(ended, new_fill, fill)
+      faults = [self.faults([episode[r]], turns_taken[episode[r]] - 1)[0] if self.faults else "" for r in actions]
       start = time.perf_counter()
-      outcomes = self.envs.step([(ids[b], said[b], f) for b, f in zip(actions, faults, strict=True)])
+      outcomes = self.envs.step([(ids[episode[r]], said[r], f) for r, f in zip(actions, faults, strict=True)])
       clock["env"] += time.perf_counter() - start
-      for b, fault, out in zip(actions, faults, outcomes, strict=True):
+      for r, fault, out in zip(actions, faults, outcomes, strict=True):
+        b = episode[r]
         # The ground truth for measuring the classifier: an injected crash or hang reached this episode, directly
         # or by taking down the worker that held it (a replaced worker's episodes are lost with it; with faults
         # injected into an environment that has none of its own, every replacement is an injected fault's doing).
@@ -332,18 +380,15 @@ class EpisodeRunner:
           returns[b] += step.reward
           calls[b] += step.calls
           success[b] = step.done and step.success
-    for b in range(B):
-      if pending[b] is not None:  # still talking when the turns ran out
-        tracker[b].model("turn limit")
     self.envs.close_episodes(ids)
     verdicts = [t.verdict() for t in tracker]
     finished = np.asarray([v.outcome in ("success", "task") for v in verdicts], bool)
-    rollout = self._rollout(state, self._put(finished))
+    rollout = self._rollout(results, self._put(finished))
     host = {"tokens": host_tokens, "lengths": np.asarray(mesh_lib.fetch(rollout.lengths)), "finished": finished,
-            "fill": fill}
+            "fill": final_fill}
     injected = np.asarray([t.injected for t in tracker], bool)
-    return EpisodeBatch(rollout, host, returns, success & finished, verdicts, turns, calls, transcripts, injected,
-                        clock)
+    return EpisodeBatch(rollout, host, returns, success & finished, verdicts, turns_taken, calls, transcripts,
+                        injected, clock)
 
 
 class LocalEnvs:

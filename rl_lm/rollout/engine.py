@@ -93,10 +93,11 @@ def start(cfg: SamplingConfig, cache: transformer.KVCache, requests: Requests, n
   )
 
 
-def _draw(cfg: SamplingConfig, requests: Requests, state: State, logits: jax.Array, slot: jax.Array, lockstep: bool
-          ) -> tuple[State, jax.Array, jax.Array, jax.Array]:
-  """Draws from logits [R, V] at each row's `slot` [R]; records the drawing rows' tokens. -> (state with the results
-  written, drawn tokens [R], drawing [R], ended [R]: the request drew its last token).
+def _draw(cfg: SamplingConfig, requests: Requests, state: State, logits: jax.Array, slot: jax.Array, lockstep: bool,
+          rows: jax.Array | None = None) -> tuple[State, jax.Array, jax.Array, jax.Array]:
+  """Draws from logits [R, V] at each row's `slot` [R]; records the drawing rows' tokens (of `rows` [R] bool only,
+  when given). -> (state with the results written, drawn tokens [R], drawing [R], ended [R]: the request drew its
+  last token).
 
   `lockstep` (row r serves request r, every row at one slot): the results are written as one column with a dynamic
   slice instead of a scatter (which TPU's cost model cannot estimate)."""
@@ -104,6 +105,8 @@ def _draw(cfg: SamplingConfig, requests: Requests, state: State, logits: jax.Arr
   q = jnp.maximum(state.request, 0)
   j = slot + 1 - state.prompt_end  # the token index these logits draw (< 0: the row still reads its prompt)
   drawing = (state.request >= 0) & (j >= 0)
+  if rows is not None:
+    drawing = drawing & rows
   j = jnp.maximum(j, 0)
   row_keys = jax.vmap(jax.random.fold_in)(requests.keys[q], j)
   tok, logp = draw.sample_token(logits, None, cfg, row_keys=row_keys)
@@ -129,18 +132,30 @@ def _draw(cfg: SamplingConfig, requests: Requests, state: State, logits: jax.Arr
 
 def prefill(model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, requests: Requests, state: State,
             chunk: jax.Array, index: jax.Array, take: jax.Array, kv_mask: jax.Array, window: int | None = None,
-            lockstep: bool = False) -> State:
+            lockstep: bool = False, rows: jax.Array | None = None) -> State:
   """Feeds each row a chunk [R, T] of its prompt at cache slots index.. (scalar or [R]; positions from `start`),
   draws token 0 from the logits at chunk position take[r] (the slot prompt_end - 1), and leaves the row feeding it
-  at prompt_end. kv_mask [R, S]: the slots the chunk attends to (its own included)."""
+  at prompt_end. kv_mask [R, S]: the slots the chunk attends to (its own included). `rows` [R] bool: only these
+  rows start (the others, mid-request, keep their state; their `index` must lie past the cache: nothing written)."""
   T = chunk.shape[1]
   at = jnp.asarray(index)[..., None] + jnp.arange(T)  # [R, T] or [T]
   positions = jnp.maximum(jnp.broadcast_to(at, chunk.shape) - state.start[:, None], 0)  # < 0: padding, unread
   logits, cache = transformer.forward_cached(model_cfg, params, chunk, positions, state.cache, index, kv_mask,
                                              window=window, take=take)
   state, tok, _, ended = _draw(cfg, requests, state._replace(cache=cache), logits[:, 0], state.prompt_end - 1,
-                               lockstep)
-  return state._replace(request=jnp.where(ended, -1, state.request), slot=state.prompt_end, fed=tok)
+                               lockstep, rows)
+  return _replace_rows(rows, state._replace(request=jnp.where(ended, -1, state.request), slot=state.prompt_end,
+                                            fed=tok), state)
+
+
+def _replace_rows(rows: jax.Array | None, new: State, old: State) -> State:
+  """`new`'s per-row fields for `rows` (all when None), `old`'s for the others; results and cache from `new`."""
+  if rows is None:
+    return new
+  pick = lambda a, b: jnp.where(rows, a, b)  # noqa: E731
+  return new._replace(request=pick(new.request, old.request), start=pick(new.start, old.start),
+                      prompt_end=pick(new.prompt_end, old.prompt_end), slot=pick(new.slot, old.slot),
+                      fed=pick(new.fed, old.fed))
 
 
 def step(model_cfg: ModelConfig, cfg: SamplingConfig, window: int, lockstep: bool, params: Any,
@@ -172,14 +187,15 @@ def step(model_cfg: ModelConfig, cfg: SamplingConfig, window: int, lockstep: boo
 
 
 def decode(model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, requests: Requests, state: State,
-           segments: tuple[int, ...], lockstep: bool = False) -> State:
-  """Steps until every row is idle: the windows of `segments` in turn (`windows`), each segment while every live
-  row's slot lies inside its window. The only loop in rl_lm that decodes tokens."""
+           segments: tuple[int, ...], lockstep: bool = False, until_live: int = 0) -> State:
+  """Steps until at most `until_live` rows are live (0: every row idle): the windows of `segments` in turn
+  (`windows`), each segment while every live row's slot lies inside its window. The only loop in rl_lm that decodes
+  tokens."""
   for window in segments:
 
     def cond(state: State, window: int = window) -> jax.Array:
       live = state.request >= 0
-      return jnp.any(live) & jnp.all(jnp.where(live, state.slot, 0) < window)
+      return (jnp.sum(live) > until_live) & jnp.all(jnp.where(live, state.slot, 0) < window)
 
     body = functools.partial(step, model_cfg, cfg, window, lockstep, params, requests)
     state = jax.lax.while_loop(cond, body, state)

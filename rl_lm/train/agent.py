@@ -87,7 +87,8 @@ class Agent:
     limits = episodes.EpisodeLimits(env.max_turns, env.turn_tokens, env.max_tokens)
     turn = dataclasses.replace(scfg, max_new_tokens=env.turn_tokens)
     faults = self.faults if self.faults.active else None
-    self.train = episodes.EpisodeRunner(model_cfg, turn, tok, self.envs, limits, rows, mesh, rules, faults)
+    self.train = episodes.EpisodeRunner(model_cfg, turn, tok, self.envs, limits, rows, mesh, rules, faults,
+                                        slots=config.sampling.slots)  # continuous batching when > 0
     ev = config.eval
     self.sampled = episodes.EpisodeRunner(model_cfg, dataclasses.replace(turn, temperature=ev.temperature), tok,
                                           self.envs, limits, ev.rows, mesh, rules)
