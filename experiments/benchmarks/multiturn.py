@@ -18,13 +18,11 @@ so its draws are not the continuous run's token for token). Medians of `--repeat
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import jax
 import numpy as np
 
+from experiments.benchmarks import useful
 from rl_lm import sampling, tokenizer
 from rl_lm.envs import base, episodes
 from rl_lm.models import presets, transformer
@@ -84,22 +82,8 @@ def main() -> None:
 
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {Q} episodes of {args.turns} turns, turns up to "
         f"{args.turn_tokens} tokens ({len(stops)} stop tokens); {R} cache rows")
-  rates = {}
-  for name, fn in (("static", static), ("continuous", continuous)):
-    tokens = int(fn()[1].sum())  # and compile
-    times = []
-    for _ in range(args.repeats):
-      start = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    rates[name] = tokens / seconds
-    print(f"{name}: {tokens} useful tokens in {seconds:.2f} s = {rates[name]:,.0f} tokens/s", flush=True)
-  print(f"continuous / static: {rates['continuous'] / rates['static']:.2f}x")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({f"{k}_tokens_per_s": v for k, v in rates.items()}, f, indent=1)
-
+  useful.compare((("static", lambda: int(static()[1].sum())), ("continuous", lambda: int(continuous()[1].sum()))),
+                 args.repeats, args.json)
 
 if __name__ == "__main__":
   main()

@@ -13,14 +13,12 @@ prompts. Useful tokens = completion tokens (no padding). Medians of `--repeats` 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import useful
 from rl_lm import sampling
 from rl_lm.models import presets, transformer
 
@@ -59,23 +57,8 @@ def main() -> None:
 
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {Q} prompts, {int((budgets == args.long).sum())} "
         f"of them up to {args.long} new tokens, the rest within {args.short}; {B} rows at a time")
-  rates = {}
-  for name, fn in (("static", static), ("refill", refilled)):
-    tokens = fn()  # compile
-    assert tokens == int(budgets.sum()), (name, tokens, int(budgets.sum()))
-    times = []
-    for _ in range(args.repeats):
-      start = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    rates[name] = tokens / seconds
-    print(f"{name}: {tokens} useful tokens in {seconds:.2f} s = {rates[name]:,.0f} tokens/s", flush=True)
-  print(f"refill / static: {rates['refill'] / rates['static']:.2f}x")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({f"{k}_tokens_per_s": v for k, v in rates.items()}, f, indent=1)
-
+  _, tokens = useful.compare((("static", static), ("refill", refilled)), args.repeats, args.json)
+  assert set(tokens.values()) == {int(budgets.sum())}, (tokens, int(budgets.sum()))  # every budget ran, both sides
 
 if __name__ == "__main__":
   main()

@@ -5,11 +5,12 @@ Layout and the turn on device: `rl_lm.rollout.turns` (one jit per observation wi
 the result is a `Rollout` with `prompt_mask` = observation tokens and `completion_mask` = sampled tokens, which the
 RL step (rl_lm/train/rl_update.py) trains on unchanged: its losses and KL see only `completion_mask`).
 
-The host, between turns: fetches the new tokens (once per turn), decodes each row's turn to text, steps the
+The host, between turns: fetches the turns that ended (once per device call), decodes each to text, steps the
 environments (in worker processes, rl_lm/envs/workers.py, or in this process), frames their observations as
-tokens (`Framing`), and classifies every ended episode (rl_lm/envs/failures.py). Random draws: turn t of a
-batch uses fold_in(rng, t) and rows draw from fold_in(that, row), so a row's episode does not depend on the
-batch's other rows' lengths.
+tokens (`Framing`), and classifies every ended episode (rl_lm/envs/failures.py). With continuous batching a row
+whose episode ended takes the next one while the other rows' turns are still in flight. Random draws: episode e's
+turn t uses fold_in(fold_in(rng, e), t), so an episode does not depend on the other episodes' lengths, nor on the
+schedule.
 
 Nothing the policy writes can stop the run. Text crosses into tokens at three places, each guarded, and what
 fails there ends that episode only, classified and counted (the rule: rl_lm/envs/failures.py):

@@ -1,19 +1,22 @@
-"""The multi-turn driver of the decode engine: one policy turn of a batch of episodes, on device.
+"""The multi-turn driver of the decode engine: the policy's turns of the episodes in R cache rows, on device.
 
-Layout. Each row is one episode, written left to right from slot 0 of an S-slot buffer (S = `config.env.max_tokens`):
-the first observation (the prompt), the policy's first turn, the next observation, and so on. `fill[b]` slots are
-real. `sampled[b, t]` marks the policy's tokens (the stop token that ends each turn included), which train and carry
-the sampler's log-probs; every other real slot is an observation token, which never trains. No slot is padding inside
-an episode, so the trainer scores the row with the attention mask `slots < fill` and positions 0, 1, 2, ... exactly
-as the sampler ran it (`to_rollout`).
+Layout. Each row holds one episode, written left to right from slot 0 of an S-slot buffer (S =
+`config.env.max_tokens`): the first observation (the prompt), the policy's first turn, the next observation, and so
+on. `fill[r]` slots are real. `sampled[r, t]` marks the policy's tokens (the stop token that ends each turn
+included), which train and carry the sampler's log-probs; every other real slot is an observation token, which never
+trains. No slot is padding inside an episode, so the trainer scores it with the attention mask `slots < fill` and
+positions 0, 1, 2, ... exactly as the sampler ran it (`to_rollout`).
 
-A turn (`turn`, one jit per observation width O): the rows' observation chunks [B, O] are prefilled at each row's own
-cache offset, token 0 of the turn drawn from the logits at each row's last observation token, then the engine's decode
-loop draws until every row stopped (a stop token, its turn budget, or the end of the buffer), attending over windows
-of w, 2w, 4w, ... slots. A last step feeds each row's final token, so the cache holds the whole episode and the next
-turn prefills only its new observation: no re-prefill of the history, nothing re-tokenised. Turn t of a batch draws
-row b's token j from fold_in(fold_in(fold_in(rng, t), b), j) (the caller folds t), so a row's episode does not depend
-on the other rows' lengths.
+One call (`advance`, one jit per observation width O): the rows given an observation prefill it at their own cache
+offset and draw the turn's token 0 from the logits at their last observation token; then the engine's decode loop
+draws one token per live row per step, attending over windows of w, 2w, 4w, ... slots, until at most `until_live`
+turns are in flight (0: every turn ended, a stop token, its budget or the end of the buffer). A turn that ended goes
+into the buffer, and its last token into the cache, so the cache holds the whole episode and the next turn prefills
+only its new observation: no re-prefill of the history, nothing re-tokenised. A turn still in flight goes on in the
+next call: this is continuous batching over episodes (rl_lm/envs/episodes.py runs the host's side: the
+environments, and a row taking the next episode when its own ends, `retire` copying the finished one out). Episode e's
+turn t draws its token j from fold_in(fold_in(fold_in(rng, e), t), j), so an episode does not depend on the other
+rows, nor on when it ran.
 """
 
 from __future__ import annotations
