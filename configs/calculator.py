@@ -11,7 +11,7 @@ and greedy accuracy over episodes before and after RL, with the tool-call rate, 
 
 Variants: `smoke` (seconds, for tests), `faults` (injected crashes, hangs and slow steps that cost about 10% of
 the episodes: the classifier's precision and recall, and learning with broken environments masked), `local`
-(environments in this process).
+(environments in this process), `compose` (continuous batching over the episodes and sampling one step ahead).
 
 Sweep (`sweep()`: fault-free and faults, seeds 0-2; experiments/agents/README.md has the table):
 
@@ -29,6 +29,10 @@ from rl_lm.config import base_config
 # the 128 with 16 workers), so the per-step rates are small; slow steps (1 s, answered) cost time, not episodes.
 FAULTS = {"env.workers": 16, "env.step_timeout_s": 2.0, "env.faults.crash": 0.006, "env.faults.hang": 0.003,
           "env.faults.slow": 0.04}
+
+# Continuous batching over the episodes (32 cache rows for the 128 episodes of a step) and each step's episodes
+# sampled ahead by the policy one update old: the features single-turn runs have, in an agent run.
+COMPOSE = {"sampling.slots": 32, "rl.max_staleness": 1}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -76,8 +80,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.update_from_flattened_dict(FAULTS)
   elif arg == "local":
     config.env.workers = 0
+  elif arg == "compose":
+    config.update_from_flattened_dict(COMPOSE)
   elif arg:
-    raise ValueError(f"configs/calculator.py: unknown variant {arg!r}; known: smoke, faults, local")
+    raise ValueError(f"configs/calculator.py: unknown variant {arg!r}; known: smoke, faults, local, compose")
   return config
 
 

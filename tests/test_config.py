@@ -95,7 +95,7 @@ def test_unknown_variant_and_missing_workdir(tmp_path):
 # Variants that validate on this machine; a config that needs a checkpoint is checked through its tiny variant.
 VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None, "smoke"], "gsm8k_qwen": ["tiny"],
             "rlhf_ppo": [None, "smoke", "adaptive"], "dpo": [None, "smoke", "ipo"],
-            "smollm2_arithmetic": [None, "smoke", "gpu"], "calculator": [None, "smoke", "faults", "local"],
+            "smollm2_arithmetic": [None, "smoke", "gpu"], "calculator": [None, "smoke", "faults", "local", "compose"],
             "smollm2_python_tool": [None, "smoke"], "worked": [None, "smoke", "dr_grpo"],
             "pod": [None, "model=llama-3.1-8b,recipe=lora", "recipe=ppo"]}
 # These convert the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest).
