@@ -342,6 +342,9 @@ class EpisodeRunner:
       restart[:] = False
       new_fill, ended, stopped, row_tokens = mesh_lib.fetch((state.fill, ended, stopped, state.tokens))
       clock["policy"] += time.perf_counter() - start
+      if not ended.any():  # the device decodes until a turn ends: rows in flight that it does not hold are a bug
+        raise RuntimeError(f"episodes: a device call ended no turn; rows in flight {np.flatnonzero(flying).tolist()}, "
+                           f"fills {fill.tolist()}, budgets {budget.tolist()}")
       actions, said = [], {}
       for r in np.flatnonzero(ended):
         b = episode[r]
