@@ -84,8 +84,8 @@ class RolloutSource:
   def __init__(self, ctx: Context, policy: Callable[[], Any], checkpoint_due: Callable[[int], bool],
                log: Callable[[str], Any] = print):
     config, rl = ctx.config, ctx.config.rl
-    self.ctx, self.config, self.rl, self.policy, self.checkpoint_due, self.log = ctx, config, rl, policy, \
-      checkpoint_due, log
+    self.ctx, self.config, self.rl, self.log = ctx, config, rl, log
+    self.policy, self.checkpoint_due = policy, checkpoint_due
     self.G, self.B, self.N = rl.group_size, rl.prompts_per_step * rl.group_size, config.sampling.max_new_tokens
     self.task = task_from_config(config)
     self.reward = build_reward(dict(config.reward.weights))
