@@ -189,10 +189,15 @@ def place(tree: Any, axes: Any, mesh: Mesh, rules: Rules) -> Any:
   return jax.tree.map(jax.device_put, tree, shardings)
 
 
-def put(x: Any, sharding: jax.sharding.Sharding) -> Any:
-  """Host arrays (a pytree, the same on every process) placed as global arrays with `sharding`; with
-  several processes each one fills only the shards its devices hold."""
-  if jax.process_count() == 1:
+def put(x: Any, sharding: jax.sharding.Sharding | None) -> Any:
+  """Host arrays (a pytree, the same on every process) placed as global arrays with `sharding` (None: the default
+  device); with several processes each one fills only the shards its devices hold.
+
+  Numpy leaves are copied first, so the caller may reuse its arrays at once: `device_put` on CPU may alias a host
+  buffer (a replicated sharding does) or read it after it returns (the transfer is asynchronous), and a loop that
+  resets its flags after queueing a call would otherwise change what the call reads (the episode runner's did)."""
+  x = jax.tree.map(lambda a: np.array(a) if isinstance(a, np.ndarray) else a, x)
+  if sharding is None or jax.process_count() == 1:
     return jax.device_put(x, sharding)
 
   def one(a: Any) -> jax.Array:

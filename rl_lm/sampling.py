@@ -38,7 +38,7 @@ def stop_and_budget(cfg: SamplingConfig, batch: int, stop_tokens: Any, max_new_t
     if isinstance(x, jax.Array):
       return jnp.broadcast_to(x.astype(jnp.int32), shape)
     x = np.ascontiguousarray(np.broadcast_to(np.asarray(x, np.int32), shape))
-    return jax.device_put(x) if mesh is None else mesh_lib.put(x, mesh_lib.batch_sharding(mesh, rules, shape))
+    return mesh_lib.put(x, None if mesh is None else mesh_lib.batch_sharding(mesh, rules, shape))
 
   if stop_tokens is None:
     stop_tokens = cfg.stop_tokens or (-1,)

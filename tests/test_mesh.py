@@ -103,3 +103,17 @@ def test_logical_to_spec_rules():
   with pytest.raises(ValueError, match="config.mesh"):
     mesh_lib.make_mesh(3, 1, 1)
   assert dict(mesh_lib.make_mesh(-1, 2, 1).shape) == {"data": 4, "fsdp": 2, "tensor": 1}
+
+
+
+@pytest.mark.parametrize(("shape", "spec"), [((1, 1, 1), P("data")), ((8, 1, 1), P()), ((8, 1, 1), P("data"))])
+def test_put_copies_host_arrays(shape, spec):
+  """`jax.device_put` on CPU may alias a numpy buffer (a replicated sharding does) or read it after returning (the
+  transfer is asynchronous): a loop that resets its host arrays after queueing a call must not change what the
+  call reads (the episode runner's restart flags did, under load)."""
+  mesh = mesh_lib.make_mesh(*shape, devices=jax.devices()[: math.prod(shape)])
+  for _ in range(10):
+    host = np.zeros((8, 1 << 14), np.int32)
+    placed = mesh_lib.put({"x": host}, jax.sharding.NamedSharding(mesh, spec))["x"]
+    host[:] = 7
+    assert all(int(np.asarray(s.data).max()) == 0 for s in placed.addressable_shards)

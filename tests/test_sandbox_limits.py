@@ -70,9 +70,13 @@ def _program_cpu(stdout: str) -> float:
 
 def _check_scored(result: SandboxResult, budget: float) -> float:
   """A disguise times out (a verdict: scored 0); it is masked only if it truly got under half its budget of CPU,
-  by its own count, which the run's count must not be below. Returns its own count."""
-  spent = _program_cpu(result.stdout)
+  by its own count, which the run's count must not be below. Returns its own count (0 if it printed none: a host
+  so loaded that the interpreter never reached the disguise; then the run's count must show the starving)."""
   assert result.status in ("timeout", "overloaded"), result
+  if "cpu=" not in result.stdout:
+    assert result.status == "timeout" or (result.cpu_s is not None and result.cpu_s < budget / 2), result
+    return 0.0
+  spent = _program_cpu(result.stdout)
   if result.cpu_s is not None:
     assert result.cpu_s >= spent - 0.01, (result.cpu_s, spent)
   if result.status == "overloaded":

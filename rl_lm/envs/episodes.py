@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import keys as keys_lib
@@ -247,13 +246,11 @@ class EpisodeRunner:
     return step, ids, f"\n<obs> {_shown(observation, ids is not None)}"
 
   def _put(self, x: np.ndarray) -> jax.Array:
-    if self.mesh is None:
-      return jnp.asarray(x)
-    return mesh_lib.put(x, mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
+    """A copy on the device (`mesh_lib.put`): the loop resets `restart` and `retire` while the call is queued."""
+    return mesh_lib.put(x, None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
 
   def _scalar(self, x: int) -> jax.Array:
-    x = np.int32(x)
-    return jax.device_put(x) if self.mesh is None else mesh_lib.put(x, mesh_lib.replicated(self.mesh))
+    return mesh_lib.put(np.int32(x), None if self.mesh is None else mesh_lib.replicated(self.mesh))
 
   def run(self, params: Any, problems: Sequence[Problem], rng: jax.Array, seeds: Sequence[int]) -> EpisodeBatch:
     """One episode per problem (exactly `rows`), `seeds[b]` seeding episode b's environment."""

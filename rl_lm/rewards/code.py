@@ -444,7 +444,8 @@ class Sandbox:
     """Starts both processes, times the program from its start, collects the verdict, kills everything.
 
     (1) the run's cgroups; (2) both processes, born inside them; (3) the program's clock starts when the checker
-    says the candidate is up, with the run's CPU count and each thread's wait read then; (4) at the verdict or
+    says the candidate is up, with the run's CPU count and each thread's wait read then, and the program runs
+    only after they are read (a byte on the go pipe, passed on by the checker); (4) at the verdict or
     the deadline they are read again (at the deadline with the threads' priorities); (5) everything is stopped,
     the memory peak and OOM kills read, the groups removed.
     """
@@ -454,9 +455,9 @@ class Sandbox:
     info_fd, jail_proc, groups = None, None, None
     try:
       groups = cgroup.RunGroups(self._cgroups, self.limits.run_memory()) if self._cgroups.layer else None  # (1)
-      for _ in range(3):
+      for _ in range(4):
         fds += os.pipe()
-      call_r, call_w, reply_r, reply_w, result_r, result_w = fds[:6]
+      call_r, call_w, reply_r, reply_w, result_r, result_w, go_r, go_w = fds[:8]
       argv, cwd, extra, info_fd = self._candidate_argv(base, fds)
       jailed = self._bwrap is not None
       cand_cfg = {
@@ -470,15 +471,15 @@ class Sandbox:
       check_cfg = {
         "role": "checker", "prelude": job.prelude, "tests": job.tests, "check_call": job.resolved_check_call(),
         "entry_points": [job.entry_point], "nonce": nonce, "limits": self.limits.child_limits(True),
-        "call_fd": call_w, "reply_fd": reply_r, "result_fd": result_w,
+        "call_fd": call_w, "reply_fd": reply_r, "result_fd": result_w, "go_fd": go_r,
       }
       checker_argv = [sys.executable, "-I", "-S", "-B", _CHILD, "checker"]
       if groups is not None:  # (2)
         argv, checker_argv = groups.join_argv("candidate", argv), groups.join_argv("checker", checker_argv)
       procs.append(self._spawn("candidate", argv, cwd, base, (call_r, reply_w, *extra)))
       jail_proc = procs[0] if jailed else None
-      procs.append(self._spawn("checker", checker_argv, str(check_dir), base, (call_w, reply_r, result_w)))
-      for fd in (call_r, call_w, reply_r, reply_w, result_w, *extra):
+      procs.append(self._spawn("checker", checker_argv, str(check_dir), base, (call_w, reply_r, result_w, go_r)))
+      for fd in (call_r, call_w, reply_r, reply_w, result_w, go_r, *extra):
         os.close(fd)
         fds.remove(fd)
       for proc, cfg in zip(procs, (cand_cfg, check_cfg), strict=True):
@@ -495,6 +496,10 @@ class Sandbox:
         out.layers += tuple(str(x) for x in msg.get("layers", ()))
         cpu0 = groups.cpu_s() if groups is not None else None
         waits0 = jail.thread_waits(groups.threads()) if groups is not None and self._counts_overload else {}
+        try:
+          os.write(go_w, b"g")  # the program runs only now, so the counts above hold none of its time
+        except OSError:
+          pass  # the checker is gone: its verdict (or none) follows
         msg = reader.next(t0 + self.limits.timeout_s)
         cpu = groups.cpu_s() if groups is not None else None  # (4)
         out.cpu_s = cpu - cpu0 if cpu is not None and cpu0 is not None else None

@@ -363,9 +363,15 @@ def candidate_main(cfg: dict) -> None:
   if cfg["audit_hook"]:
     install_audit_hook(cfg["workdir"], _readable_roots())
     layers.append("audit-hook")
-  send(reply_fd, {"t": "layers", "layers": layers})  # the program's clock starts now
+  send(reply_fd, {"t": "layers", "layers": layers})
   program, entry_points = cfg["program"], cfg["entry_points"]
   cfg = None  # drop everything the program need not see
+  try:  # the parent has read its counts: the program's clock starts now
+    go = recv(call_fd, max_bytes)
+  except (CandidateDied, ProtocolError):
+    return
+  if not (isinstance(go, dict) and go.get("t") == "go"):
+    return
   try:
     code = compile(program, "<candidate>", "exec")
   except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
@@ -459,7 +465,8 @@ def checker_main(cfg: dict) -> None:
   """Runs the trusted tests against proxies of the candidate's entry points; reports to the parent.
 
   On the result pipe: {"t": "started", ...} once the candidate's harness has confined itself (the
-  parent starts the program's clock then), and one {"t": "verdict", "status": ...} at the end.
+  parent reads the run's CPU count and starts the program's clock, then writes a byte on `go_fd`, and only then
+  does the candidate run the program: no CPU of it falls before the count), and one {"t": "verdict", ...} at the end.
   """
   result_fd = cfg["result_fd"]
 
@@ -487,6 +494,13 @@ def checker_main(cfg: dict) -> None:
     return
   layers = [str(x)[:80] for x in first.get("layers", [])][:40]
   send(result_fd, {"t": "started", "layers": layers})
+  try:
+    if os.read(cfg["go_fd"], 1) != b"g":
+      return  # the parent is gone
+    send(link["call_fd"], {"t": "go"})
+  except OSError:
+    report("candidate_died", "candidate exited before loading")
+    return
   try:
     first = recv(link["reply_fd"], link["max_bytes"])
   except CandidateDied:
