@@ -97,6 +97,15 @@ def test_environment_failures_are_masked_not_scored(trainer, monkeypatch):
   assert all("environment bug" in s for s in np.asarray(rec.batch.host.statuses)[env_failed])
 
 
+def test_an_episode_step_makes_every_transfer_explicit(trainer):
+  """As `test_rl_loop.py`'s GRPO step: after a first step (compiles, first placements), a step of episodes runs
+  under jax.transfer_guard("disallow"): the runner's observations, flags and budgets are placed explicitly."""
+  trainer.train_step(3)
+  with jax.transfer_guard("disallow"):
+    metrics = trainer.train_step(4)
+  assert np.isfinite(metrics["train/loss"]) and metrics["episodes/turns_mean"] >= 1
+
+
 @pytest.mark.slow
 def test_injected_faults_are_found_and_killed_workers_replaced(tmp_path):
   config = agent_config(workers=2)

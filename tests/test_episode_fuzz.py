@@ -309,19 +309,20 @@ def test_a_batch_of_hostile_episodes_completes_classified_counted_and_masked():
     runner.envs = pool
     pooled = runner.run(params, problems, jax.random.key(1), seeds=list(range(B)))
   for batch in (local, pooled):
-    got = {p.id: (v.outcome, v.reason, int(t)) for p, v, t in zip(problems, batch.verdicts, batch.turns, strict=True)}
+    host = batch.host
+    got = {p.id: (v.outcome, v.reason, int(t)) for p, v, t in zip(problems, host.verdicts, host.turns, strict=True)}
     assert got == EXPECTED
-    assert [v.trains for v in batch.verdicts] == [v[0] != "environment" for v in EXPECTED.values()]
+    assert [v.trains for v in batch.host.verdicts] == [v[0] != "environment" for v in EXPECTED.values()]
     metrics = agent.Agent.metrics(SimpleNamespace(faults=SimpleNamespace(active=False), envs=None), [batch])
     assert metrics["episodes/failure_env"] == pytest.approx(5 / B)
     assert metrics["episodes/failure_model"] == pytest.approx(3 / B)
     assert metrics["episodes/success_rate"] == metrics["episodes/failure_task"] == pytest.approx(1 / B)
     assert metrics["episodes/unframed_observations"] == pytest.approx(7 / B)
-    for text in batch.transcripts:
+    for text in batch.host.texts:
       json.dumps(text, ensure_ascii=False).encode("utf-8")
-    tokens, fill = batch.host["tokens"], batch.host["fill"]
-    sampled = np.asarray(batch.rollout.completion_mask)
-    prompt_mask = np.asarray(batch.rollout.prompt_mask)
+    tokens, fill = batch.host.tokens, batch.host.fill
+    sampled = np.asarray(batch.device.completion_mask)
+    prompt_mask = np.asarray(batch.device.prompt_mask)
     for b, p in enumerate(problems):
       turns = EXPECTED[p.id][2]
       prompt = [] if turns == 0 else CHAR.encode_prompt(p.prompt)
@@ -335,5 +336,5 @@ def test_a_batch_of_hostile_episodes_completes_classified_counted_and_masked():
       assert fill[b] == len(marks) and tokens[b, : len(prompt)].tolist() == prompt, p.id
       assert sampled[b].tolist() == marks + [False] * (64 - len(marks)), p.id
       assert prompt_mask[b].tolist() == [not m for m in marks] + [False] * (64 - len(marks)), p.id
-    assert batch.host["lengths"].tolist() == [EXPECTED[p.id][2] for p in problems]
-  assert text_lib.first_surrogate("".join(local.transcripts)) == -1 and local.transcripts[2] == "7*8=\ufffd"
+    assert batch.host.lengths.tolist() == [EXPECTED[p.id][2] for p in problems]
+  assert text_lib.first_surrogate("".join(local.host.texts)) == -1 and local.host.texts[2] == "7*8=\ufffd"

@@ -77,5 +77,5 @@ def test_multi_turn_episodes_take_either_key(params):
   problems = [Problem(id=f"p{i}", prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(2)]
   typed = runner.run(params, problems, jax.random.key(5), seeds=[0, 1])
   legacy = runner.run(params, problems, jax.random.PRNGKey(5), seeds=[0, 1])
-  assert np.array_equal(typed.host["tokens"], legacy.host["tokens"])
-  assert np.array_equal(typed.rollout.logprobs, legacy.rollout.logprobs)
+  assert np.array_equal(typed.host.tokens, legacy.host.tokens)
+  assert np.array_equal(typed.device.logprobs, legacy.device.logprobs)

@@ -55,15 +55,15 @@ def batch():
 
 def test_trajectory_is_the_sampled_and_observation_tokens_end_to_end(batch):
   params, runner, problems, out = batch
-  tokens, fill = out.host["tokens"], out.host["fill"]
-  sampled = np.asarray(out.rollout.completion_mask)
-  prompt_mask = np.asarray(out.rollout.prompt_mask)
-  assert out.turns.max() >= 2, "some episode should take several turns"
+  tokens, fill = out.host.tokens, out.host.fill
+  sampled = np.asarray(out.device.completion_mask)
+  prompt_mask = np.asarray(out.device.prompt_mask)
+  assert out.host.turns.max() >= 2, "some episode should take several turns"
   for b in range(4):
     expect = list(TOK.encode_prompt(problems[b].prompt))
     marks = [False] * len(expect)
     pos = len(expect)
-    for turn in range(out.turns[b]):
+    for turn in range(out.host.turns[b]):
       # the policy's turn: sampled tokens up to and including its stop token (or its budget)
       j = pos
       while j < fill[b] and sampled[b, j]:
@@ -73,7 +73,7 @@ def test_trajectory_is_the_sampled_and_observation_tokens_end_to_end(batch):
       expect += turn_ids
       marks += [True] * len(turn_ids)
       pos = j
-      if turn + 1 < out.turns[b]:
+      if turn + 1 < out.host.turns[b]:
         obs = runner.framing.next(f"ok{turn + 1};")
         expect += obs
         marks += [False] * len(obs)
@@ -86,10 +86,10 @@ def test_trajectory_is_the_sampled_and_observation_tokens_end_to_end(batch):
 
 def test_trainer_logprobs_equal_sampler_logprobs_across_turns(batch):
   params, _, _, out = batch
-  trainer = sampling.completion_logprobs(CFG, params, out.rollout)
-  mask = np.asarray(out.rollout.completion_mask)
-  np.testing.assert_allclose(np.asarray(trainer)[mask], np.asarray(out.rollout.logprobs)[mask], atol=2e-5)
-  assert np.all(np.asarray(out.rollout.logprobs)[~mask] == 0)
+  trainer = sampling.completion_logprobs(CFG, params, out.device)
+  mask = np.asarray(out.device.completion_mask)
+  np.testing.assert_allclose(np.asarray(trainer)[mask], np.asarray(out.device.logprobs)[mask], atol=2e-5)
+  assert np.all(np.asarray(out.device.logprobs)[~mask] == 0)
 
 
 def test_attention_windows_change_no_token_of_an_episode(batch):
@@ -99,9 +99,9 @@ def test_attention_windows_change_no_token_of_an_episode(batch):
   scfg = dataclasses.replace(_runner(4, LIMITS).scfg, window=8)
   runner = episodes.EpisodeRunner(CFG, scfg, TOK, episodes.LocalEnvs(ScriptedEnv), LIMITS, 4)
   again = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
-  np.testing.assert_array_equal(again.host["tokens"], out.host["tokens"])
-  np.testing.assert_allclose(np.asarray(again.rollout.logprobs), np.asarray(out.rollout.logprobs), atol=1e-5)
-  assert out.host["fill"].max() > 16  # several windows were crossed
+  np.testing.assert_array_equal(again.host.tokens, out.host.tokens)
+  np.testing.assert_allclose(np.asarray(again.device.logprobs), np.asarray(out.device.logprobs), atol=1e-5)
+  assert out.host.fill.max() > 16  # several windows were crossed
 
 
 @pytest.mark.parametrize("slots", [1, 3])
@@ -113,24 +113,24 @@ def test_continuous_batching_runs_the_same_episodes(batch, slots):
                                   slots=slots)
   again = runner.run(params, problems, jax.random.key(1), seeds=[0, 1, 2, 3])
   for field in ("tokens", "fill", "lengths", "finished"):
-    np.testing.assert_array_equal(again.host[field], out.host[field], err_msg=field)
+    np.testing.assert_array_equal(getattr(again.host, field), getattr(out.host, field), err_msg=field)
   for field in ("tokens", "prompt_mask", "completion_mask"):
-    np.testing.assert_array_equal(np.asarray(getattr(again.rollout, field)), np.asarray(getattr(out.rollout, field)))
-  np.testing.assert_allclose(np.asarray(again.rollout.logprobs), np.asarray(out.rollout.logprobs), atol=1e-5)
-  assert [v.outcome for v in again.verdicts] == [v.outcome for v in out.verdicts]
-  np.testing.assert_array_equal(again.returns, out.returns)
-  np.testing.assert_array_equal(again.turns, out.turns)
+    np.testing.assert_array_equal(np.asarray(getattr(again.device, field)), np.asarray(getattr(out.device, field)))
+  np.testing.assert_allclose(np.asarray(again.device.logprobs), np.asarray(out.device.logprobs), atol=1e-5)
+  assert [v.outcome for v in again.host.verdicts] == [v.outcome for v in out.host.verdicts]
+  np.testing.assert_array_equal(again.host.scores, out.host.scores)
+  np.testing.assert_array_equal(again.host.turns, out.host.turns)
 
 
 def test_episode_accounting(batch):
   _, _, _, out = batch
   for b in range(4):
-    v = out.verdicts[b]
+    v = out.host.verdicts[b]
     if v.outcome == "success":
-      assert out.turns[b] == 3 and out.returns[b] == 1.0 and out.tool_calls[b] == 2
+      assert out.host.turns[b] == 3 and out.host.scores[b] == 1.0 and out.host.tool_calls[b] == 2
     else:
       assert v.outcome == "model", v  # the scripted environment never fails; a random policy runs over budgets
-  assert out.host["lengths"].tolist() == np.asarray(out.rollout.completion_mask).sum(1).tolist()
+  assert out.host.lengths.tolist() == np.asarray(out.device.completion_mask).sum(1).tolist()
 
 
 def test_greedy_episode_equals_stepwise_full_forward():
@@ -140,10 +140,10 @@ def test_greedy_episode_equals_stepwise_full_forward():
   runner = _runner(2, episodes.EpisodeLimits(max_turns=3, turn_tokens=6, max_tokens=64), greedy=True)
   problems = [Problem(id="a", prompt="12=", answer="x"), Problem(id="b", prompt="7*8=", answer="y")]
   out = runner.run(params, problems, jax.random.key(0), seeds=[0, 0])
-  tokens, fill = out.host["tokens"], out.host["fill"]
+  tokens, fill = out.host.tokens, out.host.fill
   mask = np.arange(tokens.shape[1])[None, :] < fill[:, None]
   logits = np.asarray(transformer.forward(CFG, params, jnp.asarray(tokens), jnp.asarray(mask)))
-  sampled = np.asarray(out.rollout.completion_mask)
+  sampled = np.asarray(out.device.completion_mask)
   for b in range(2):
     for t in np.flatnonzero(sampled[b]):
       assert tokens[b, t] == int(np.argmax(logits[b, t - 1])), (b, t)
@@ -151,8 +151,8 @@ def test_greedy_episode_equals_stepwise_full_forward():
 
 def test_loss_and_kl_never_touch_observation_tokens(batch):
   params, _, _, out = batch
-  mask = out.rollout.completion_mask
-  logp = sampling.completion_logprobs(CFG, params, out.rollout)
+  mask = out.device.completion_mask
+  logp = sampling.completion_logprobs(CFG, params, out.device)
   adv = advantages.broadcast_to_tokens(jnp.asarray([1.0, -1.0, 0.5, -0.5]), mask)
 
   def objective(logp_all):
@@ -160,9 +160,9 @@ def test_loss_and_kl_never_touch_observation_tokens(batch):
     kl_tok = kl.estimate(logp_all, logp_all * 0.9, "k3", mask=mask)
     return loss + jnp.sum(jnp.where(mask, kl_tok, 0.0))
 
-  full = out.rollout.prompt_mask | mask
+  full = out.device.prompt_mask | mask
   grad = np.asarray(jax.grad(objective)(logp + 0.0))
-  obs = np.asarray(out.rollout.prompt_mask)
+  obs = np.asarray(out.device.prompt_mask)
   assert np.all(grad[obs] == 0) and np.all(grad[~np.asarray(full)] == 0)
   assert np.any(grad[np.asarray(mask)] != 0)
 

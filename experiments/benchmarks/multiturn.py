@@ -74,11 +74,11 @@ def main() -> None:
     outs = []
     for s in range(0, Q, R):
       outs.append(static_runner.run(params, problems[s:s + R], key, seeds=list(range(s, s + R))))
-    return np.concatenate([o.host["tokens"] for o in outs]), np.concatenate([o.host["fill"] for o in outs])
+    return np.concatenate([o.host.tokens for o in outs]), np.concatenate([o.host.fill for o in outs])
 
   def continuous() -> tuple[np.ndarray, np.ndarray]:
     out = continuous_runner.run(params, problems, key, seeds=list(range(Q)))
-    return out.host["tokens"], out.host["fill"]
+    return out.host.tokens, out.host.fill
 
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {Q} episodes of {args.turns} turns, turns up to "
         f"{args.turn_tokens} tokens ({len(stops)} stop tokens); {R} cache rows")

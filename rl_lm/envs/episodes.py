@@ -44,6 +44,7 @@ from rl_lm.envs import base, failures
 from rl_lm.envs import text as text_lib
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rollout import turns
+from rl_lm.rollout.batch import Host, RolloutBatch
 from rl_lm.tasks.base import Problem
 
 # --- framing: text at the environment boundary, tokens inside -------------------------------------------
@@ -158,22 +159,6 @@ class EpisodeLimits:
   max_tokens: int  # the whole episode: observations and turns (the buffer and cache size S)
 
 
-@dataclasses.dataclass
-class EpisodeBatch:
-  """A batch of finished episodes: the device rollout and the host's account of each."""
-
-  rollout: sampling.Rollout  # on device, [B, S]
-  host: dict[str, np.ndarray]  # tokens [B, S], lengths [B] (sampled tokens), finished [B], fill [B]
-  returns: np.ndarray  # [B] float32: the sum of the environment's rewards
-  success: np.ndarray  # [B] bool
-  verdicts: list[failures.Verdict]  # one per episode: success / task / model / environment, and why
-  turns: np.ndarray  # [B] int32: the policy's turns
-  tool_calls: np.ndarray  # [B] int32
-  transcripts: list[str]  # each episode as text, turns marked, for reading
-  injected: np.ndarray  # [B] bool: an injected crash or hang reached the episode (or its worker)
-  seconds: dict[str, float]  # wall time: "policy" (the turns on device, tokens to the host), "env" (resets, steps)
-
-
 _EPISODE_IDS = itertools.count()
 
 
@@ -252,8 +237,10 @@ class EpisodeRunner:
   def _scalar(self, x: int) -> jax.Array:
     return mesh_lib.put(np.int32(x), None if self.mesh is None else mesh_lib.replicated(self.mesh))
 
-  def run(self, params: Any, problems: Sequence[Problem], rng: jax.Array, seeds: Sequence[int]) -> EpisodeBatch:
-    """One episode per problem (exactly `rows`), `seeds[b]` seeding episode b's environment."""
+  def run(self, params: Any, problems: Sequence[Problem], rng: jax.Array, seeds: Sequence[int]) -> RolloutBatch:
+    """One episode per problem (exactly `rows`), `seeds[b]` seeding episode b's environment: the batch with its
+    host half (the return as the score, the verdict as the status, the transcript as the text; staleness 0 and
+    step 0, for the caller to set)."""
     Q, R, S, lim = self.rows, self.slots, self.limits.max_tokens, self.limits
     rng = keys_lib.as_key(rng)
     if len(problems) != Q:
@@ -385,11 +372,13 @@ class EpisodeRunner:
     verdicts = [t.verdict() for t in tracker]
     finished = np.asarray([v.outcome in ("success", "task") for v in verdicts], bool)
     rollout = self._rollout(results, self._put(finished))
-    host = {"tokens": host_tokens, "lengths": np.asarray(mesh_lib.fetch(rollout.lengths)), "finished": finished,
-            "fill": final_fill}
-    injected = np.asarray([t.injected for t in tracker], bool)
-    return EpisodeBatch(rollout, host, returns, success & finished, verdicts, turns_taken, calls, transcripts,
-                        injected, clock)
+    host = Host(
+      host_tokens, np.asarray(mesh_lib.fetch(rollout.lengths)), finished, transcripts, returns,
+      np.asarray([v.trains for v in verdicts], bool), success & finished,
+      [f"{v.outcome}: {v.reason}" if v.reason else v.outcome for v in verdicts], np.zeros((Q,), np.float32),
+      verdicts=verdicts, turns=turns_taken, tool_calls=calls,
+      injected=np.asarray([t.injected for t in tracker], bool), fill=final_fill)
+    return RolloutBatch(0, 0, list(problems), rollout, host, seconds=clock)
 
 
 class LocalEnvs:

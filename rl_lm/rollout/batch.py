@@ -1,8 +1,10 @@
 """The one rollout batch type, from the sampler to `prepare`: a device half (the `Rollout` the sampler wrote) and a
 host half (what the host fetched once, decoded and scored), a group's rows adjacent.
 
-A batch is born dispatched (`host` None: the device may still be sampling it) and is scored once
-(`rl_lm.train.source`); single-turn completions and multi-turn episodes fill the same fields.
+A single-turn batch is born dispatched (`host` None: the device may still be sampling it) and is scored once
+(`rl_lm.train.source`). A multi-turn batch is born with its host half, the episodes having run to their end
+(`rl_lm.envs.episodes.EpisodeRunner.run`): the same fields, the return as the score, the transcript as the text,
+and the episodes' own account beside them (verdicts, turns, tool calls).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ class Host:
   statuses: list[str]  # the verifier's status, or the episode's verdict
   staleness: np.ndarray  # [B] float32: updates applied between sampling the row and training on it
   gold: np.ndarray | None = None  # [B] the configured rewards beside a learned one (NaN where invalid)
+  # Multi-turn episodes only (None for single-turn completions):
+  verdicts: list[Any] | None = None  # the failure classifier's `envs.failures.Verdict` per episode
+  turns: np.ndarray | None = None  # [B] int32: the policy's turns
+  tool_calls: np.ndarray | None = None  # [B] int32
+  injected: np.ndarray | None = None  # [B] bool: an injected crash or hang reached the episode (or its worker)
+  fill: np.ndarray | None = None  # [B] int32: the episode's real slots in `tokens` (observations and turns)
 
 
 @dataclasses.dataclass
@@ -44,7 +52,8 @@ class RolloutBatch:
   problems: list[Problem]  # one per row
   device: Rollout  # on device: tokens, masks, sampler log-probs [B, T]; lengths, finished [B]
   host: Host | None = None  # None until scored
-  episodes: Any = None  # multi-turn: the runner's account (turns, tool calls, verdicts: `envs.episodes.EpisodeBatch`)
+  seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn: "policy" (the turns on device,
+  # tokens to the host) and "env" (the environments' resets and steps), wall time
 
   @staticmethod
   def select(parts: Sequence[RolloutBatch], rows: np.ndarray, take: Callable[[Any, np.ndarray], Any]

@@ -1,11 +1,10 @@
 """The RL loop's multi-turn side (`config.env.name`): episodes instead of single completions, their metrics, and
 held-out pass@k over episodes.
 
-The loop (rl_lm/train/rl.py) is unchanged past the rollout: the rollout source (rl_lm/train/source.py) turns a batch
-of episodes into the same `RolloutBatch` a single-turn rollout gives (`host_half`), with the episode's return as its
-score, environment failures as invalid rows (masked from the gradient, like a verifier's error, never a reward of 0),
-and every episode's verdict as its status (`success`, `task: ...`, `model: ...`, `environment: ...`,
-rl_lm/envs/failures.py).
+The loop (rl_lm/train/rl.py) is unchanged past the rollout: a batch of episodes is the same `RolloutBatch` a
+single-turn rollout gives (rl_lm/envs/episodes.py builds it), with the episode's return as its score, environment
+failures as invalid rows (masked from the gradient, like a verifier's error, never a reward of 0), and every
+episode's verdict as its status (`success`, `task: ...`, `model: ...`, `environment: ...`, rl_lm/envs/failures.py).
 
 Environments run in `config.env.workers` processes (rl_lm/envs/workers.py; 0: in this process). Faults are
 injected at `config.env.faults` rates, drawn per (episode, turn) from the run's seed, so a resumed run injects
@@ -23,17 +22,8 @@ import numpy as np
 
 from rl_lm import evaluation, keys, sampling
 from rl_lm.envs import base, episodes, failures, workers
-from rl_lm.rollout.batch import Host
+from rl_lm.rollout.batch import RolloutBatch
 from rl_lm.tasks.base import Problem
-
-
-def host_half(batch: episodes.EpisodeBatch, staleness: np.ndarray) -> Host:
-  """A batch of episodes as the rollout's host half: the return as the score, environment failures as invalid rows
-  (masked from the gradient), every episode's verdict as its status."""
-  return Host(batch.host["tokens"], batch.host["lengths"], batch.host["finished"], list(batch.transcripts),
-              batch.returns.astype(np.float32), np.asarray([v.trains for v in batch.verdicts], bool),
-              batch.success.copy(), [f"{v.outcome}: {v.reason}" if v.reason else v.outcome for v in batch.verdicts],
-              staleness)
 
 
 class Transcript(str):
@@ -106,30 +96,30 @@ class Agent:
     return [int(s) for s in np.random.SeedSequence([self.seed, step, k, 11]).generate_state(n)]
 
   def train_episodes(self, params: Any, rows: list[Problem], rng: jax.Array, step: int, k: int = 0
-                     ) -> episodes.EpisodeBatch:
+                     ) -> RolloutBatch:
     """One batch of training episodes (row b: `rows[b]`), for step `step`'s k-th rollout (its faults and seeds)."""
     self.faults.batch = (step, k)
     return self.train.run(params, rows, rng, self._seeds(step, k, len(rows)))
 
-  def metrics(self, batches: Sequence[episodes.EpisodeBatch]) -> dict[str, float]:
+  def metrics(self, batches: Sequence[RolloutBatch]) -> dict[str, float]:
     """episodes/* over every batch of the step: failure fractions by class (and of them, the episodes an
     observation that could not be framed ended, `failures.UNFRAMED`), turns, tool calls; faults/* when
     faults are injected (the classifier's precision and recall on the injected crashes and hangs)."""
-    verdicts = [v for b in batches for v in b.verdicts]
+    verdicts = [v for b in batches for v in b.host.verdicts]
     n = max(len(verdicts), 1)
-    calls = np.concatenate([b.tool_calls for b in batches])
+    calls = np.concatenate([b.host.tool_calls for b in batches])
     out = {f"episodes/failure_{name}": sum(v.outcome == outcome for v in verdicts) / n
            for name, outcome in (("task", "task"), ("model", "model"), ("env", "environment"))}
     out["episodes/success_rate"] = sum(v.outcome == "success" for v in verdicts) / n
     # Of the model and environment failures: episodes ended by an observation that could not become tokens.
     out["episodes/unframed_observations"] = sum(v.reason.startswith(failures.UNFRAMED) for v in verdicts) / n
-    out["episodes/turns_mean"] = float(np.mean(np.concatenate([b.turns for b in batches])))
+    out["episodes/turns_mean"] = float(np.mean(np.concatenate([b.host.turns for b in batches])))
     out["episodes/tool_calls_mean"] = float(np.mean(calls))
     out["episodes/tool_call_rate"] = float(np.mean(calls > 0))
     out["perf/policy_turns_s"] = sum(b.seconds["policy"] for b in batches)  # sampling the turns on device
     out["perf/env_s"] = sum(b.seconds["env"] for b in batches)  # resets and steps of the environments
     if self.faults.active:
-      injected = np.concatenate([b.injected for b in batches]).tolist()
+      injected = np.concatenate([b.host.injected for b in batches]).tolist()
       flagged = [v.outcome == "environment" for v in verdicts]
       precision, recall = failures.precision_recall(flagged, injected)
       out.update({"faults/injected_frac": float(np.mean(injected)), "faults/precision": precision,
@@ -153,12 +143,13 @@ class Agent:
         padded = chunk + [chunk[0]] * (R - len(chunk))
         seeds = self._seeds(10**9, salt + c, R)  # a "step" no training batch has
         batch = runner.run(params, padded, keys.fold(rng, c // R + salt), seeds)
+        host = batch.host
         if runner is self.sampled:
-          calls.append(batch.tool_calls[: len(chunk)])
+          calls.append(host.tool_calls[: len(chunk)])
         for b in range(len(chunk)):
-          t = Transcript(batch.transcripts[b])
-          t.success = bool(batch.success[b])
-          t.env_failed = batch.verdicts[b].outcome == "environment"
+          t = Transcript(host.texts[b])
+          t.success = bool(host.success[b])
+          t.env_failed = host.verdicts[b].outcome == "environment"
           out.append(t)
       return out
 

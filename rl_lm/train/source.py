@@ -137,15 +137,16 @@ class RolloutSource:
     rows = [p for p in problems for _ in range(self.G)]
     if self.agent is None:
       return RolloutBatch(step, version, rows, self.sampler.dispatch(self.policy(), [p.prompt for p in rows], rng))
-    episodes = self.agent.train_episodes(self.policy(), rows, rng, step or version + 1, extra)
-    return RolloutBatch(step, version, rows, episodes.rollout, episodes=episodes)
+    batch = self.agent.train_episodes(self.policy(), rows, rng, step or version + 1, extra)
+    batch.step, batch.version = step, version
+    return batch
 
   def score(self, batch: RolloutBatch, version: int, timings: dict[str, float]) -> RolloutBatch:
     """Waits for a dispatched rollout and scores it: the configured rewards, or the learned one with them as the
     gold; an episode by its return. Sampling ahead is topped up while the host scores."""
     staleness = np.full((len(batch.problems),), version - batch.version, np.float32)
-    if batch.episodes is not None:
-      batch.host = agent_lib.host_half(batch.episodes, staleness)
+    if batch.host is not None:  # episodes: scored by their environments as they ran
+      batch.host.staleness = staleness
       self.top_up(batch.step, version)
       return batch
     with diagnostics.timed(timings, "sampling"):  # the host waits for the device's tokens
@@ -254,5 +255,5 @@ class RolloutSource:
     out["rollout/timeouts"] = float(sum(s == "timeout" for e in seen for s in e.host.statuses))
     out.update(diagnostics.perf_metrics(timings, int(sum(e.host.lengths.sum() for e in seen))))
     if self.agent is not None:
-      out.update(self.agent.metrics([e.episodes for e in seen]))
+      out.update(self.agent.metrics(seen))
     return out
