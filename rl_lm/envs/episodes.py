@@ -230,9 +230,11 @@ class EpisodeRunner:
     ids = self._frame(tracker, observation, step.source)
     return step, ids, f"\n<obs> {_shown(observation, ids is not None)}"
 
-  def _put(self, x: np.ndarray) -> jax.Array:
-    """A copy on the device (`mesh_lib.put`): the loop resets `restart` and `retire` while the call is queued."""
-    return mesh_lib.put(x, None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, self.rules, x.shape))
+  def _put(self, x: Any) -> Any:
+    """Host arrays (one, or a tuple of arrays over the same rows: one transfer) copied to the device with the batch
+    sharding (`mesh_lib.put`: the loop resets `restart` and `retire` while the call is queued)."""
+    rows = jax.tree.leaves(x)[0].shape[:1]
+    return mesh_lib.put(x, None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, self.rules, rows))
 
   def _scalar(self, x: int) -> jax.Array:
     return mesh_lib.put(np.int32(x), None if self.mesh is None else mesh_lib.replicated(self.mesh))
@@ -320,8 +322,7 @@ class EpisodeRunner:
         obs_len[r] = len(ids_r)
       start = time.perf_counter()
       state, ended, stopped = self._advance(
-        params, state, self._put(obs), self._put(obs_len), self._put(budget), self._put(restart),
-        self._put(np.maximum(episode, 0)), self._put(turn_no), rng, stop_dev,
+        params, state, *self._put((obs, obs_len, budget, restart, np.maximum(episode, 0), turn_no)), rng, stop_dev,
         self._scalar(max(0, int(flying.sum()) - self._wait)))
       restart[:] = False
       new_fill, ended, stopped, row_tokens = mesh_lib.fetch((state.fill, ended, stopped, state.tokens))
