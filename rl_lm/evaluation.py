@@ -162,6 +162,16 @@ class EvalResult:
     out.update({f"{prefix}{k}": float(v) for k, v in self.extra.items()})
     return out
 
+  def line(self) -> str:
+    """One line for a log: pass@1, pass@8 and the largest k, greedy accuracy, the tool-call rate (episodes)."""
+    ks = sorted(self.pass_at_k)
+    parts = [f"pass@{k} {self.pass_at_k[k]:.3f}" for k in ks if k in (1, ks[-1]) or k == 8]
+    if self.greedy_accuracy is not None:
+      parts.append(f"greedy {self.greedy_accuracy:.3f}")
+    if "tool_call_rate" in self.extra:
+      parts.append(f"tool calls {self.extra['tool_call_rate']:.3f}")
+    return " | ".join(parts)
+
   def to_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d["pass_at_k"] = {str(k): v for k, v in sorted(self.pass_at_k.items())}

@@ -112,6 +112,9 @@ def _rollout(a: Abstract, rows: int, length: int) -> sampling.Rollout:
 
 def rl_stage(a: Abstract, cost: bool = True) -> Stage:
   config, rl = a.config, a.config.rl
+  if rl.distill.coef:
+    raise ValueError("config.rl.distill.coef: a teacher on the mesh is not compiled ahead of time yet (its prepare "
+                     "scores a second model); check the run without distillation, then add the teacher's weights")
   ppo = rl.algorithm == "ppo"
   B, P, N = rl.prompts_per_step * rl.group_size, rl.max_prompt_len, config.sampling.max_new_tokens
   T = P + N

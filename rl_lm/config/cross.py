@@ -103,6 +103,8 @@ def check(config: Any, num_devices: int) -> None:
                                            r.max_prompt_len + c.sampling.max_new_tokens)
     if c.env.name:
       lengths["config.env.max_tokens"] = ("env.max_tokens", c.env.max_tokens)
+    _require(not r.distill.coef or bool(c.teacher.init_from or c.teacher.hf_checkpoint), "config.teacher.init_from",
+             "rl.distill.coef > 0 distils towards a teacher: set teacher.init_from or teacher.hf_checkpoint")
   if c.sampling.slots:
     rows["config.sampling.slots"] = c.sampling.slots
   for key, n in rows.items():

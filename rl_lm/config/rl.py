@@ -10,6 +10,7 @@ import math
 
 from rl_lm.config.run import DTYPES
 from rl_lm.config.section import Section, folder, knob, registered
+from rl_lm.models import presets
 from rl_lm.rl import advantages, correction, losses, policy_losses
 
 
@@ -96,6 +97,35 @@ class AlarmConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Distill(Section):
+  """On-policy distillation towards `config.teacher` (rl_lm/rl/distill.py): a per-token reward
+  log pi_teacher - log pi_student on the student's own samples, beside the verifier's advantage or instead of it."""
+
+  KEY = "rl.distill"
+  coef: float = knob(0.0, "[0, inf)")  # weight of the per-token distillation reward; 0: off (no teacher is loaded)
+  verifier: float = knob(1.0, "[0, inf)")  # weight of the verifier's advantage (0: pure distillation)
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher(Section):
+  """A frozen model beside the reference on the mesh, scored by the same forward (rl_lm/train/teacher.py): an
+  rl_lm checkpoint of a preset, or a Hugging Face folder. It must share the policy's vocabulary."""
+
+  KEY, STAGES = "teacher", ("rl",)
+  init_from: str = knob("", folder)  # an rl_lm checkpoint folder holding "params" (<run>/checkpoints/rl)
+  preset: str = ""  # the checkpoint's preset; "": model.preset
+  hf_checkpoint: str = knob("", folder)  # or a Hugging Face folder (its config.json, weights and tokenizer)
+  param_dtype: str = knob("bfloat16", DTYPES)  # storage: a frozen model keeps no optimizer state and may be bf16
+  dtype: str = knob("float32", DTYPES)  # compute dtype of its forward
+
+  def check(self) -> None:
+    self.require(not (self.init_from and self.hf_checkpoint), "hf_checkpoint", "set init_from or hf_checkpoint, "
+                 "not both")
+    self.require(not self.preset or self.preset in presets.PRESETS, "preset",
+                 f"unknown preset {self.preset!r}; known: {', '.join(presets.names())}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Rl(Section):
   """The "rl" stage: one loop for PPO and the GRPO family."""
 
@@ -139,6 +169,7 @@ class Rl(Section):
   value: Value = dataclasses.field(default_factory=Value)
   curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
   alarms: AlarmConfig = dataclasses.field(default_factory=AlarmConfig)
+  distill: Distill = dataclasses.field(default_factory=Distill)
   log_every: int = knob(1, "(0, inf)")
   init_from: str = knob("", folder)  # checkpoint folder RL starts from (<run>/checkpoints/sft); "": the stage before
 

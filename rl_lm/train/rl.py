@@ -36,6 +36,7 @@ from rl_lm.rewards import build_reward
 from rl_lm.rl import kl as kl_lib
 from rl_lm.train import rl_update, stage_run
 from rl_lm.train import state as state_lib
+from rl_lm.train import teacher as teacher_lib
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
 from rl_lm.train.source import RolloutSource
@@ -116,7 +117,9 @@ class RLTrainer:
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules,
                                               self.lora)
-    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora)
+    self.teacher = teacher_lib.load(self.config, ctx, self.log) if rl.distill.coef else None  # frozen, on the mesh
+    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora,
+                                                self.teacher.model_cfg if self.teacher else None)
 
   def policy(self) -> Any:
     """The current policy's parameters as the model takes them (with LoRA: the base carrying the adapters)."""
@@ -137,7 +140,7 @@ class RLTrainer:
       host = batch.host
       scored = self._device(rl_update.Scored(host.scores, host.valid, self.source.trains(batch), host.success))
       train_batch, rollout_metrics = self.prepare_fn(self.state.policy.params, self.reference, value, batch.device,
-                                                     scored, self.state.kl.coef)
+                                                     scored, self.state.kl.coef, self.teacher and self.teacher.params)
       jax.block_until_ready(train_batch)
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
       key = keys.fold(self.ctx.key, 4, step)
@@ -251,7 +254,7 @@ class RLTrainer:
                                       *metrics_lib.stage_writers(self.config, workdir, "rl")] if main else [])
     progress = metrics_lib.ConsoleProgress(rl.steps, every=rl.log_every, start_step=stage.start_step)
     if not stage.start_step:
-      self.log(f"rl: before RL: {_eval_line(before)}")
+      self.log(f"rl: before RL: {before.line()}")
       writer.write(0, before.metrics())
     for step in range(stage.start_step + 1, rl.steps + 1):
       metrics = self.train_step(step)
@@ -277,21 +280,11 @@ class RLTrainer:
       evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
       metrics_lib.plot_curves(stage.metrics_path, CURVES, os.path.join(workdir, "curves.png"),
                               title=f"{rl.algorithm} on {self.config.task.name}")
-      self.log(f"rl: after RL:  {_eval_line(after)}")
+      self.log(f"rl: after RL:  {after.line()}")
       self.log(f"rl: {evaluation.compare(before, after)}")
     stage.finish(summary)
     self.ctx.policy = self.merged(self.state.policy.params)
     return summary
-
-
-def _eval_line(r: evaluation.EvalResult) -> str:
-  ks = sorted(r.pass_at_k)
-  parts = [f"pass@{k} {r.pass_at_k[k]:.3f}" for k in ks if k in (1, ks[-1]) or k == 8]
-  if r.greedy_accuracy is not None:
-    parts.append(f"greedy {r.greedy_accuracy:.3f}")
-  if "tool_call_rate" in r.extra:
-    parts.append(f"tool calls {r.extra['tool_call_rate']:.3f}")
-  return " | ".join(parts)
 
 
 def run(ctx: Context) -> dict[str, Any]:

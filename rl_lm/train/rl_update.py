@@ -24,7 +24,7 @@ from rl_lm import mesh as mesh_lib
 from rl_lm.models import heads, lora, scoring
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import advantages as adv_lib
-from rl_lm.rl import correction, losses, masked, policy_losses
+from rl_lm.rl import correction, distill, losses, masked, policy_losses
 from rl_lm.rl import kl as kl_lib
 from rl_lm.train import state as state_lib
 
@@ -93,25 +93,29 @@ def policy_params(trainable: Any, reference: Any, lora_cfg: lora.LoraConfig | No
 
 
 def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules,
-                    lora_cfg: lora.LoraConfig | None = None) -> Callable:
-  """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef) -> (TrainBatch, metrics).
-  `policy` is the trainable tree (the adapters, with `lora_cfg`).
+                    lora_cfg: lora.LoraConfig | None = None, teacher_cfg: ModelConfig | None = None) -> Callable:
+  """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef, teacher=None) ->
+  (TrainBatch, metrics). `policy` is the trainable tree (the adapters, with `lora_cfg`); `teacher` the frozen
+  teacher's parameters (model `teacher_cfg`) when `rl.distill.coef` > 0.
 
   Everything between the scores and the update: old and reference log-probs, values, advantages (with the
-  KL penalty in the reward when configured), truncated importance weights, and the rollout's run-health
-  metrics (`diagnostics.rollout_metrics`, float32 scalars).
+  KL penalty in the reward when configured, and the distillation reward with a teacher), truncated importance
+  weights, and the rollout's run-health metrics (`diagnostics.rollout_metrics`, float32 scalars).
   """
   is_ppo = rl.algorithm == "ppo"
+  distilling = rl.distill.coef > 0
 
-  def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array):
+  def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array,
+              teacher: Any = None):
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
     policy = policy_params(policy, reference, lora_cfg)
 
-    def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 or 4 x [b, T]
+    def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 to 5 x [b, T]
       logp, entropy, _ = scoring.score_tokens(cfg, policy, tokens, attn, temperature)
       ref_logp = scoring.score_tokens(cfg, reference, tokens, attn, temperature).logp
-      return (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
+      out = (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
+      return out + ((scoring.score_tokens(teacher_cfg, teacher, tokens, attn, temperature).logp,) if distilling else ())
 
     c = rl.prepare_chunks
     if c == 1:
@@ -125,6 +129,9 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     values = scores[3] if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
+    if distilling:  # the teacher's per-token reward on the student's own samples
+      teacher_logp, trains = scores[-1], comp & scored.trains[:, None]
+      adv = distill.advantages(adv, old_logp, teacher_logp, trains, rl.distill.coef, rl.distill.verifier)
     is_w, keep, fix = jnp.ones_like(old_logp), comp, rl.correction
     if fix.cap > 0:
       is_w, metrics = correction.importance_weights(old_logp, rollout.logprobs, comp, fix.level, fix.cap, fix.lower)
@@ -136,6 +143,8 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
       completion_mask=comp, scores=scored.scores, valid=scored.valid, success=scored.success, group_size=rl.group_size,
       sampler_logprobs=rollout.logprobs, logprobs=old_logp, ref_logprobs=ref_logp, entropy=entropy,
       truncated=~rollout.finished, lengths=rollout.lengths, values=values, returns=returns))
+    if distilling:
+      metrics.update(distill.metrics(old_logp, teacher_logp, comp))
     mask = keep & scored.trains[:, None]
     return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
 

@@ -1,0 +1,33 @@
+"""On-policy distillation on the default's task: the SFT-only student samples, a frozen teacher scores every token.
+
+  python -m rl_lm.main --config=configs/default.py --workdir=/tmp/rl_lm/teacher                   # the teacher
+  python -m rl_lm.main --config=configs/distill.py --workdir=/tmp/rl_lm/distill \\
+      --config.teacher.init_from=/tmp/rl_lm/teacher/checkpoints/rl
+
+The teacher is the tiny model after the default's SFT + GRPO (`<its run>/checkpoints/rl`: a full-weight
+checkpoint, so not a LoRA run); the student is this run's own SFT stage, the same SFT the teacher started from.
+The RL stage then trains on the per-token reward log pi_teacher - log pi_student of the student's own samples
+(rl_lm/rl/distill.py), with no verifier reward and no KL to the SFT reference: the teacher is the leash.
+
+Variants (`--config=configs/distill.py:<variant>`):
+  mixed   the distillation reward beside the verifier's GRPO advantage (weights 1 and 1)
+  smoke   seconds, for tests (the teacher checkpoint still comes from `--config.teacher.init_from`)
+The RL baseline is configs/default.py itself (GRPO on the verifier reward, the same SFT).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  if arg not in (None, "mixed", "smoke"):
+    raise ValueError(f"configs/distill.py: unknown variant {arg!r}; known: mixed, smoke")
+  config = default.get_config("smoke" if arg == "smoke" else None)
+  config.rl.distill.coef = 1.0
+  config.rl.distill.verifier = 1.0 if arg == "mixed" else 0.0
+  config.rl.kl.placement = "none"  # the teacher, not the SFT reference, is what the student is pulled towards
+  config.teacher.param_dtype = "float32"  # the tiny teacher is 2 MB: bfloat16 would change its log-probs for nothing
+  return config

@@ -1,0 +1,86 @@
+"""The teacher: one more frozen model on the policy's mesh (`config.teacher`), beside the reference.
+
+Its parameters are placed by the same logical-axis rules as the policy's and scored by the same chunked forward
+(`models.scoring.score_tokens`) inside `prepare`: no second server, no weight sync. It keeps no optimizer state
+and is stored in `teacher.param_dtype` (bfloat16 by default), so it costs its weights alone: 2 bytes a parameter.
+
+Distillation compares the two models' log-probs of the same token ids, so the teacher must share the policy's
+vocabulary: the same number of ids and, for Hugging Face checkpoints, the same tokenizer file. A teacher that does
+not is refused when it loads, naming the key (no silent re-tokenisation: the log-probs of another tokenisation
+are of other events).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from rl_lm.config.section import ConfigError
+from rl_lm.models import build, presets
+from rl_lm.models.presets import ModelConfig
+from rl_lm.train import stage_run
+from rl_lm.train.context import Context
+
+
+@dataclasses.dataclass
+class Frozen:
+  """A frozen model on the mesh: its config, its parameters, where they came from and what they hold."""
+
+  model_cfg: ModelConfig
+  params: Any
+  source: str
+  num_params: int
+  nbytes: int  # resident bytes over the whole mesh (each shard once)
+  per_device: int  # bytes on the first device (a replicated weight counts whole there)
+
+  def describe(self) -> str:
+    return (f"{self.source} ({self.num_params:,} parameters, {self.model_cfg.param_dtype}): "
+            f"{self.nbytes / 2**20:.1f} MiB resident, {self.per_device / 2**20:.1f} MiB on a device")
+
+
+def _tokenizer_file(folder: str) -> bytes | None:
+  path = os.path.join(folder, "tokenizer.json")
+  if not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def check_vocabulary(config: Any, policy_cfg: ModelConfig, teacher_cfg: ModelConfig) -> None:
+  """Refuses a teacher whose token ids do not mean what the policy's do (see the module docstring)."""
+  t = config.teacher
+  if teacher_cfg.vocab_size != policy_cfg.vocab_size:
+    raise ConfigError("config.teacher", f"a vocabulary of {teacher_cfg.vocab_size} ids, the policy's has "
+                      f"{policy_cfg.vocab_size}: distillation compares the log-probs of the same token ids, so the "
+                      "teacher must share the policy's tokenizer")
+  if t.hf_checkpoint and config.tokenizer != "hf":
+    raise ConfigError("config.teacher.hf_checkpoint", f"a Hugging Face teacher with config.tokenizer = "
+                      f"{config.tokenizer!r}: its ids are not the policy's")
+  if t.hf_checkpoint and _tokenizer_file(t.hf_checkpoint) != _tokenizer_file(config.model.hf_checkpoint):
+    raise ConfigError("config.teacher.hf_checkpoint", f"its tokenizer.json differs from the policy's "
+                      f"({config.model.hf_checkpoint}): the same ids would be other strings")
+
+
+def load(config: Any, ctx: Context, log: Callable[[str], Any] = print) -> Frozen:
+  """`config.teacher` on `ctx.mesh`: a Hugging Face folder, or the "params" of an rl_lm checkpoint of a preset."""
+  t = config.teacher
+  if t.hf_checkpoint:
+    from rl_lm.models import hf
+
+    cfg, params = hf.load(t.hf_checkpoint, mesh=ctx.mesh, rules=ctx.rules, dtype=t.dtype, param_dtype=t.param_dtype)
+    cfg, source = cfg.replace(logit_chunk=config.model.logit_chunk), t.hf_checkpoint
+  else:
+    cfg = presets.get(t.preset or config.model.preset, dtype=t.dtype, param_dtype=t.param_dtype,
+                      logit_chunk=config.model.logit_chunk)
+    params = stage_run.load_params(t.init_from, build.abstract_params(cfg, ctx.mesh, ctx.rules))
+    source = f"{t.init_from} (preset {t.preset or config.model.preset})"
+  check_vocabulary(config, ctx.model_cfg, cfg)
+  leaves = jax.tree.leaves(params)
+  frozen = Frozen(cfg, params, source, sum(x.size for x in leaves), sum(x.nbytes for x in leaves),
+                  sum(x.addressable_shards[0].data.nbytes for x in leaves))
+  stage_run.speaker(log)(f"rl: teacher {frozen.describe()}")
+  return frozen

@@ -1,0 +1,161 @@
+"""On-policy distillation (rl_lm/rl/distill.py) and the teacher on the mesh (rl_lm/train/teacher.py): the reward's
+gradient against a hand-computed reverse KL, the teacher's log-probs against its full forward, loading and
+refusing teachers."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_lm import config as config_lib
+from rl_lm import mesh as mesh_lib
+from rl_lm import sampling
+from rl_lm.checkpoint import Checkpointer
+from rl_lm.config.section import ConfigError
+from rl_lm.models import build, presets, transformer
+from rl_lm.rl import distill, policy_losses
+from rl_lm.train import rl_update, teacher
+from rl_lm.train.context import Context
+from rl_lm.train.rl import RLTrainer
+from tests.test_rl_loop import make_ctx, smoke_config
+
+
+def test_reward_gradient_is_the_reverse_kl_gradient_on_a_toy_vocabulary():
+  """One position, V = 5 tokens, student logits theta, teacher q. Every token y is a row, weighted by
+  pi_old(y) through the importance weights, so the token-mean PPO loss is the exact expectation over the student's
+  samples. Its gradient at theta = theta_old must be grad KL(pi || q), by hand:
+  dKL/dtheta_k = pi_k (log pi_k - log q_k - KL)."""
+  theta = jnp.asarray([0.3, -1.2, 0.8, 0.0, 2.0])
+  log_q = jax.nn.log_softmax(jnp.asarray([1.0, 0.5, -0.3, 0.2, -1.0]))
+  V = theta.shape[0]
+  log_pi = jax.nn.log_softmax(theta)
+  mask = jnp.ones((V, 1), bool)
+  old = log_pi[:, None]  # [V, 1]: row y holds token y
+  adv = distill.advantages(jnp.zeros((V, 1)), old, log_q[:, None], mask, coef=1.0, verifier=0.0)
+  weights = V * jnp.exp(old)  # token-mean over V rows: sum_y pi(y) * loss(y)
+
+  def loss(th):
+    logp = jax.nn.log_softmax(th)[:, None]
+    return policy_losses.compute("ppo", logp, old, adv, mask, 0.2, 0.2, is_weights=weights)[0]
+
+  pi = np.exp(np.asarray(log_pi))
+  kl = float(np.sum(pi * (np.asarray(log_pi) - np.asarray(log_q))))
+  by_hand = pi * (np.asarray(log_pi) - np.asarray(log_q) - kl)
+  np.testing.assert_allclose(np.asarray(jax.grad(loss)(theta)), by_hand, atol=1e-6)
+  assert np.abs(by_hand).max() > 0.05  # the student is far from the teacher: the check has a gradient to check
+  # The reward is per token, and a verifier's advantage adds with its weight.
+  np.testing.assert_allclose(np.asarray(distill.advantages(jnp.ones((V, 1)), old, log_q[:, None], mask, 2.0, 0.5)),
+                             0.5 + 2.0 * (np.asarray(log_q) - np.asarray(log_pi))[:, None], atol=1e-6)
+
+
+def test_metrics_are_the_reverse_kl_per_token_and_per_sequence():
+  student = jnp.asarray([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])
+  teacher_logp = jnp.asarray([[0.0, -0.5, -1.0], [0.0, -1.5, 0.0]])
+  mask = jnp.asarray([[False, True, True], [False, True, False]])
+  m = distill.metrics(student, teacher_logp, mask)
+  # gaps on the mask: -0.5, -1.0 (row 0), +1.0 (row 1)
+  assert float(m["distill/reverse_kl"]) == pytest.approx(-0.5 / 3)
+  assert float(m["distill/reverse_kl_seq"]) == pytest.approx(-0.5 / 2)
+  assert float(m["distill/teacher_logp_mean"]) == pytest.approx(-3.0 / 3)
+
+
+def _rl_config(coef: float = 1.0, verifier: float = 0.0):
+  config = config_lib.base_config()
+  config.rl.group_size, config.rl.distill.coef, config.rl.distill.verifier = 2, coef, verifier
+  return config
+
+
+def test_prepare_scores_the_teacher_as_its_full_forward():
+  """A teacher of another preset than the policy's (same vocabulary): its per-token log-probs in `prepare` (read back
+  from the advantages of pure distillation) equal a full forward of the teacher, to 1e-5."""
+  policy_cfg, teacher_cfg = presets.get("test"), presets.get("test", n_layers=3)
+  assert teacher_cfg.vocab_size == policy_cfg.vocab_size and teacher_cfg != policy_cfg
+  policy, teacher_params = transformer.init(policy_cfg, jax.random.key(0)), transformer.init(teacher_cfg,
+                                                                                             jax.random.key(1))
+  B, P, N, temperature = 4, 3, 5, 0.7
+  tokens = jax.random.randint(jax.random.key(2), (B, P + N), 3, policy_cfg.vocab_size)
+  lengths = jnp.asarray([N, 2, 4, 1])
+  comp = (jnp.arange(P + N)[None, :] >= P) & (jnp.arange(P + N)[None, :] < P + lengths[:, None])
+  prompt = jnp.arange(P + N)[None, :] < P
+  rollout = sampling.Rollout(tokens, prompt, comp, jnp.zeros((B, P + N)), lengths, jnp.ones((B,), bool))
+  trains = jnp.asarray([True, True, False, True])
+  scored = rl_update.Scored(jnp.asarray([1.0, 0.0, 1.0, 0.0]), jnp.ones((B,), bool), trains, jnp.ones((B,), bool))
+  config = _rl_config()
+  fn = rl_update.make_prepare_fn(policy_cfg, config.rl, temperature, None, mesh_lib.DEFAULT_RULES,
+                                 teacher_cfg=teacher_cfg)
+  batch, metrics = fn(policy, policy, None, rollout, scored, jnp.float32(0.0), teacher_params)
+  logits = transformer.forward(teacher_cfg, teacher_params, tokens, prompt | comp)[:, :-1] / temperature
+  full = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
+  full = jnp.concatenate([jnp.zeros((B, 1)), full], 1)
+  on = np.asarray(comp & trains[:, None])
+  np.testing.assert_allclose(np.asarray(batch.advantages + batch.old_logp)[on], np.asarray(full)[on], atol=1e-5)
+  assert np.all(np.asarray(batch.advantages)[~on] == 0)
+  assert float(metrics["distill/teacher_logp_mean"]) == pytest.approx(float(np.asarray(full)[np.asarray(comp)].mean()),
+                                                                       abs=1e-5)
+
+
+def _ctx(config, mesh, model_cfg) -> Context:
+  return Context(config, "", mesh, mesh_lib.DEFAULT_RULES, model_cfg, None, None, jax.random.key(0))
+
+
+def test_a_teacher_loads_in_bfloat16_on_the_mesh_and_a_foreign_vocabulary_is_refused(tmp_path):
+  mesh = mesh_lib.make_mesh(1, 2, 1, devices=jax.devices()[:2])
+  cfg = presets.get("test")
+  params = transformer.init(cfg, jax.random.key(3))
+  with Checkpointer(str(tmp_path / "ckpt")) as ckpt:
+    ckpt.save(5, {"params": params})
+  config = _rl_config()
+  config.model.preset, config.teacher.init_from = "test", str(tmp_path / "ckpt")
+  lines: list[str] = []
+  frozen = teacher.load(config, _ctx(config, mesh, cfg), lines.append)
+  assert frozen.model_cfg.param_dtype == "bfloat16"
+  chex.assert_trees_all_close(jax.device_get(frozen.params),
+                              jax.tree.map(lambda x: np.asarray(x.astype(jnp.bfloat16)), params))
+  n = sum(x.size for x in jax.tree.leaves(params))
+  assert frozen.num_params == n and frozen.nbytes == 2 * n  # 2 bytes a parameter: no optimizer state
+  assert frozen.per_device < frozen.nbytes  # sharded over fsdp, not replicated
+  assert "teacher" in lines[0] and "MiB resident" in lines[0]
+  config.teacher.preset = "tiny"  # another vocabulary: the same ids are other tokens
+  with pytest.raises(ConfigError, match=r"config.teacher: a vocabulary of \d+ ids"):
+    teacher.check_vocabulary(config, cfg, presets.get("tiny").replace(vocab_size=cfg.vocab_size + 1))
+
+
+def test_distillation_without_a_teacher_fails_validation():
+  config = _rl_config()
+  config.stages = ("rl",)
+  with pytest.raises(ConfigError, match="config.teacher.init_from"):
+    config_lib.validate(config, num_devices=1)
+  config.teacher.init_from, config.teacher.hf_checkpoint = "/", "/"
+  with pytest.raises(ConfigError, match="config.teacher.hf_checkpoint"):
+    config_lib.validate(config, num_devices=1)
+
+
+def test_abstract_teacher_matches_its_checkpoint_shapes():
+  cfg = presets.get("test", param_dtype="bfloat16")
+  mesh = mesh_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  abstract = build.abstract_params(cfg, mesh, mesh_lib.DEFAULT_RULES)
+  assert {x.dtype for x in jax.tree.leaves(abstract)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_on_policy_distillation_moves_the_student_towards_the_teacher(tmp_path):
+  """Pure distillation (verifier weight 0, no KL to the reference) towards a teacher that is the student's own
+  initialisation at temperature 0.1 (its final norm scaled by 10): the student starts near uniform, about 4 nats
+  per token from the teacher, and its reverse KL on its own samples falls below a quarter of that in 15 steps
+  (it sharpens: reverse KL seeks the teacher's modes)."""
+  config = smoke_config(distill__coef=1.0, distill__verifier=0.0, kl__placement="none", learning_rate=3e-2)
+  ctx = make_ctx(config, (1, 1, 1), str(tmp_path / "run"))
+  sharp = jax.device_get(ctx.policy)
+  sharp["final_norm"] = sharp["final_norm"] * 10.0
+  with Checkpointer(str(tmp_path / "teacher")) as ckpt:
+    ckpt.save(1, {"params": sharp})
+  config.teacher.init_from, config.teacher.param_dtype = str(tmp_path / "teacher"), "float32"
+  trainer = RLTrainer(ctx, log=lambda *_: None)
+  try:
+    metrics = [trainer.train_step(step) for step in range(1, 16)]
+  finally:
+    trainer.source.close()
+  kls = [m["distill/reverse_kl"] for m in metrics]
+  assert np.mean(kls[:3]) > 3.0, kls
+  assert np.mean(kls[-3:]) < 0.25 * np.mean(kls[:3]), kls
+  assert metrics[-1]["policy/entropy"] < 0.5 * metrics[0]["policy/entropy"]
