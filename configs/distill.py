@@ -10,8 +10,11 @@ The RL stage then trains on the per-token reward log pi_teacher - log pi_student
 (rl_lm/rl/distill.py), with no verifier reward and no KL to the SFT reference: the teacher is the leash.
 
 Variants (`--config=configs/distill.py:<variant>`):
-  mixed   the distillation reward beside the verifier's GRPO advantage (weights 1 and 1)
-  smoke   seconds, for tests (the teacher checkpoint still comes from `--config.teacher.init_from`)
+  mixed            the distillation reward beside the verifier's GRPO advantage (weights 1 and 1)
+  offpolicy        off-policy distillation, the baseline: after SFT, a second SFT ("teacher_sft") on the teacher's
+                   samples of the training pool (`teacher.samples_per_problem` each), held-out pass@k before and
+                   after it (rl_lm/train/offpolicy.py); `sft.steps` sets its length
+  smoke, offpolicy_smoke   seconds, for tests (the teacher checkpoint still comes from `--config.teacher.init_from`)
 The RL baseline is configs/default.py itself (GRPO on the verifier reward, the same SFT).
 """
 
@@ -23,11 +26,15 @@ from configs import default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  if arg not in (None, "mixed", "smoke"):
-    raise ValueError(f"configs/distill.py: unknown variant {arg!r}; known: mixed, smoke")
-  config = default.get_config("smoke" if arg == "smoke" else None)
+  variants = (None, "mixed", "offpolicy", "smoke", "offpolicy_smoke")
+  if arg not in variants:
+    raise ValueError(f"configs/distill.py: unknown variant {arg!r}; known: {', '.join(map(str, variants[1:]))}")
+  config = default.get_config("smoke" if arg and arg.endswith("smoke") else None)
   config.rl.distill.coef = 1.0
   config.rl.distill.verifier = 1.0 if arg == "mixed" else 0.0
+  if arg and arg.startswith("offpolicy"):  # SFT on the teacher's samples instead of RL: no rl stage
+    config.stages = ("sft", "teacher_sft")
+    config.rl.distill.coef = 0.0
   config.rl.kl.placement = "none"  # the teacher, not the SFT reference, is what the student is pulled towards
   config.teacher.param_dtype = "float32"  # the tiny teacher is 2 MB: bfloat16 would change its log-probs for nothing
   return config

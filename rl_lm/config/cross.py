@@ -78,7 +78,7 @@ def check(config: Any, num_devices: int) -> None:
     rows["config.sample.batch_size"] = c.sample.batch_size
     lengths["config.sampling.max_new_tokens"] = (f"longest prompt ({longest}) + max_new_tokens",
                                                  longest + c.sampling.max_new_tokens)
-  if "sft" in stages:
+  if "sft" in stages or "teacher_sft" in stages:
     rows["config.sft.batch_size"] = c.sft.batch_size
     lengths["config.sft.max_len"] = ("sft.max_len", c.sft.max_len)
   for stage in ("reward_model", "dpo"):
@@ -105,6 +105,10 @@ def check(config: Any, num_devices: int) -> None:
       lengths["config.env.max_tokens"] = ("env.max_tokens", c.env.max_tokens)
     _require(not r.distill.coef or bool(c.teacher.init_from or c.teacher.hf_checkpoint), "config.teacher.init_from",
              "rl.distill.coef > 0 distils towards a teacher: set teacher.init_from or teacher.hf_checkpoint")
+  if "teacher_sft" in stages:
+    _require(bool(c.teacher.init_from or c.teacher.hf_checkpoint), "config.teacher.init_from",
+             "the teacher_sft stage trains on a teacher's samples: set teacher.init_from or teacher.hf_checkpoint")
+    rows["config.eval.rows"] = c.eval.rows  # the teacher samples in batches of eval.rows
   if c.sampling.slots:
     rows["config.sampling.slots"] = c.sampling.slots
   for key, n in rows.items():

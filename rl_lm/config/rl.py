@@ -109,14 +109,16 @@ class Distill(Section):
 @dataclasses.dataclass(frozen=True)
 class Teacher(Section):
   """A frozen model beside the reference on the mesh, scored by the same forward (rl_lm/train/teacher.py): an
-  rl_lm checkpoint of a preset, or a Hugging Face folder. It must share the policy's vocabulary."""
+  rl_lm checkpoint of a preset, or a Hugging Face folder. It must share the policy's vocabulary. The "rl" stage
+  distils towards it on-policy (`rl.distill`); the "teacher_sft" stage trains on its samples (off-policy)."""
 
-  KEY, STAGES = "teacher", ("rl",)
+  KEY, STAGES = "teacher", ("rl", "teacher_sft")
   init_from: str = knob("", folder)  # an rl_lm checkpoint folder holding "params" (<run>/checkpoints/rl)
   preset: str = ""  # the checkpoint's preset; "": model.preset
   hf_checkpoint: str = knob("", folder)  # or a Hugging Face folder (its config.json, weights and tokenizer)
   param_dtype: str = knob("bfloat16", DTYPES)  # storage: a frozen model keeps no optimizer state and may be bf16
   dtype: str = knob("float32", DTYPES)  # compute dtype of its forward
+  samples_per_problem: int = knob(4, "(0, inf)")  # "teacher_sft": the teacher's completions of each training problem
 
   def check(self) -> None:
     self.require(not (self.init_from and self.hf_checkpoint), "hf_checkpoint", "set init_from or hf_checkpoint, "

@@ -66,7 +66,7 @@ class Reward(Section):
 class Sft(Section):
   """The "sft" stage: next-token loss on reference completions."""
 
-  KEY, STAGES = "sft", ("sft",)
+  KEY, STAGES = "sft", ("sft", "teacher_sft")
   steps: int = knob(300, "(0, inf)")
   batch_size: int = knob(64, "(0, inf)")
   max_len: int = knob(48, "(0, inf)")  # bos + prompt + target + eos, right-padded

@@ -20,7 +20,6 @@ importance weights and rejection (`rl.correction`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -32,13 +31,11 @@ from rl_lm import mesh as mesh_lib
 from rl_lm import metrics as metrics_lib
 from rl_lm.models import heads
 from rl_lm.models import lora as lora_lib
-from rl_lm.rewards import build_reward
 from rl_lm.rl import kl as kl_lib
-from rl_lm.train import rl_update, stage_run
+from rl_lm.train import held_out, rl_update, stage_run
 from rl_lm.train import state as state_lib
 from rl_lm.train import teacher as teacher_lib
 from rl_lm.train.context import Context
-from rl_lm.train.rollout import Sampler
 from rl_lm.train.source import RolloutSource
 
 # The run-health curves drawn at the end of a run (curves.png in the workdir).
@@ -63,14 +60,9 @@ class RLTrainer:
     self.lora = lora_lib.from_section(config.model)  # None: every weight trains
     self.source = RolloutSource(ctx, self.policy, lambda step: stage_run.checkpoint_due(config, rl.steps, step),
                                 self.log)
-    tok, scfg = ctx.tokenizer, self.source.scfg
-    eval_scfg = dataclasses.replace(scfg, temperature=config.eval.temperature, greedy=False)
-    self.eval_sampler = Sampler(ctx.model_cfg, eval_scfg, tok, ctx.mesh, ctx.rules, rl.max_prompt_len,
-                                config.eval.rows, dtype=rl.sampler_dtype or None)
-    self.greedy_sampler = Sampler(ctx.model_cfg, dataclasses.replace(scfg, greedy=True), tok, ctx.mesh, ctx.rules,
-                                  rl.max_prompt_len, config.eval.rows, dtype=rl.sampler_dtype or None)
     self.test_problems = self.source.fitting(self.source.task.test_problems(config.task.eval_size, seed=config.seed),
                                              "held-out")
+    self.held_out = held_out.HeldOut(ctx, self.source.scfg, self.test_problems)
     self._build_state()
 
   # --- state -------------------------------------------------------------------------------------
@@ -161,28 +153,12 @@ class RLTrainer:
   # --- evaluation --------------------------------------------------------------------------------
 
   def evaluate(self, step: int, label: str) -> evaluation.EvalResult:
-    cfg = self.config.eval
-    # The same key at every evaluation (common random numbers): before/after differences reflect the
-    # policy, not a fresh draw of sampling noise.
-    key = keys.fold(self.ctx.key, 5)
-    params = self.policy()
-
-    sampled: list[tuple[str, str]] = []
-
-    def sample_fn(prompts: list[str], n: int) -> list[list[str]]:
-      texts = self.eval_sampler.sample(params, [p for p in prompts for _ in range(n)], key)["texts"]
-      sampled.extend(zip([p for p in prompts for _ in range(n)], texts, strict=True))
-      return [texts[i * n: (i + 1) * n] for i in range(len(prompts))]
-
-    def greedy_fn(prompts: list[str]) -> list[str]:
-      return self.greedy_sampler.sample(params, prompts, key)["texts"]
-
-    correct_fn = evaluation.correct_from_reward(build_reward({"correctness": 1.0}))  # verifier faults: excluded
+    """Held-out pass@k and greedy accuracy (`held_out.HeldOut`: the same draws at every evaluation)."""
+    cfg, params, sampled = self.config.eval, self.policy(), []
     if self.source.agent is not None:  # pass@k over whole episodes, the environment the judge
-      result = self.source.agent.evaluate(params, self.test_problems, cfg.num_samples, cfg.greedy, key)
+      result = self.source.agent.evaluate(params, self.test_problems, cfg.num_samples, cfg.greedy, self.held_out.key)
     else:
-      result = evaluation.evaluate(self.test_problems, sample_fn, correct_fn, cfg.num_samples,
-                                   greedy_fn=greedy_fn if cfg.greedy else None)
+      result = self.held_out.evaluate(params, sampled)
     if self.source.learned is not None:  # the gold the learned reward stands in for, on the same samples
       by_prompt = {p.prompt: p for p in self.test_problems}
       scored = self.source.reward.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])

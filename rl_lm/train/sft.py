@@ -49,6 +49,25 @@ def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str
   return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
 
 
+def encode_ids(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, list[int]]], max_len: int
+               ) -> dict[str, np.ndarray]:
+  """(prompt text, completion token ids) -> the arrays of `encode_examples`, the ids trained as they are (no eos
+  added: a sampled completion carries its own stop token, or was cut without one)."""
+  B = len(pairs)
+  tokens = np.full((B, max_len), tok.pad_id, np.int32)
+  mask = np.zeros((B, max_len), bool)
+  loss_mask = np.zeros((B, max_len), bool)
+  truncated = 0
+  for i, (prompt, target) in enumerate(pairs):
+    p = tok.encode_prompt(prompt)
+    ids = (p + list(target))[:max_len]
+    truncated += len(p) + len(target) > max_len
+    tokens[i, : len(ids)] = ids
+    mask[i, : len(ids)] = True
+    loss_mask[i, len(p): len(ids)] = True
+  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
+
+
 def encode_episodes(tok: tokenizer_lib.Tokenizer, demos: Sequence[tuple[str, list[tuple[str, str]]]], max_len: int
                     ) -> dict[str, np.ndarray]:
   """(prompt, turns) demonstrations -> the arrays of `encode_examples`, with loss on the policy's turns only."""
@@ -86,11 +105,14 @@ def batches(task: Task, tok: tokenizer_lib.Tokenizer, batch_size: int, max_len: 
       yield from task.train_problems(None, seed=seed + epoch)
 
   stream = problems()
-  multi_turn = hasattr(task, "episode_demonstration")
-  demo = task.episode_demonstration if multi_turn else task.reference_completion
+  if hasattr(task, "episode_demonstration"):  # multi-turn
+    demo, encode = task.episode_demonstration, encode_episodes
+  elif hasattr(task, "demonstration_ids"):  # token ids (a teacher's samples, rl_lm/train/offpolicy.py)
+    demo, encode = task.demonstration_ids, encode_ids
+  else:
+    demo, encode = task.reference_completion, encode_examples
   for _ in range(start * batch_size):  # replayed, not skipped: a task's demonstrations may draw from its own RNG
     demo(next(stream))
-  encode = encode_episodes if multi_turn else encode_examples
   while True:
     chunk = list(itertools.islice(stream, batch_size))
     yield encode(tok, [(p.prompt, demo(p)) for p in chunk], max_len)
@@ -108,11 +130,12 @@ def sft_loss(model_cfg: Any):
   return loss_fn
 
 
-def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str, float]:
+def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print, stage: str = "sft") -> dict[str, float]:
   """Runs `sft_cfg.steps` updates on `ctx.policy` and leaves the result there. Returns the last metrics.
 
-  Checkpoints go to `<workdir>/checkpoints/sft`; a workdir holding some resumes from the latest, one
-  whose SFT stage completed loads its result and trains nothing. Metrics: `<workdir>/sft_metrics.jsonl`.
+  Checkpoints go to `<workdir>/checkpoints/<stage>`; a workdir holding some resumes from the latest, one
+  whose stage completed loads its result and trains nothing. Metrics: `<workdir>/<stage>_metrics.jsonl`.
+  (`stage` "teacher_sft": SFT on a teacher's samples, rl_lm/train/offpolicy.py.)
   """
   optimizer = state_lib.make_optimizer(sft_cfg.learning_rate, weight_decay=sft_cfg.weight_decay,
                                        warmup_steps=sft_cfg.warmup_steps, total_steps=sft_cfg.steps)
@@ -120,7 +143,7 @@ def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str,
   shardings = state_lib.state_shardings(optimizer, params_abstract, ctx.param_shardings, ctx.mesh)
   targets = stage_run.state_targets(optimizer, params_abstract, shardings)
   create = lambda p: state_lib.create(p, optimizer, ctx.mesh, ctx.param_shardings)
-  with stage_run.StageRun(ctx.config, ctx.workdir, "sft", sft_cfg.steps, "sft_metrics.jsonl", log=log) as run:
+  with stage_run.StageRun(ctx.config, ctx.workdir, stage, sft_cfg.steps, f"{stage}_metrics.jsonl", log=log) as run:
     state, ctx.policy, _ = run.start(ctx, targets, create, sft_cfg.init_from)
     if run.complete:
       return {}
@@ -132,7 +155,7 @@ def train(ctx: Context, task: Task, sft_cfg: Any, log: Any = print) -> dict[str,
       batch["host_metrics"] = {"sft/truncated": int(batch.pop("truncated"))}
       return batch
 
-    spec = loop.LoopSpec("sft", sft_cfg.steps, sft_cfg.log_every, batch_at, console=(("sft/accuracy", "token acc"),),
+    spec = loop.LoopSpec(stage, sft_cfg.steps, sft_cfg.log_every, batch_at, console=(("sft/accuracy", "token acc"),),
                          curves=("train/loss", "sft/accuracy", "train/grad_norm"))
     state, metrics = loop.run_steps(ctx, run, state, update, spec, jax.random.fold_in(ctx.key, 1), run.log)
     run.finish()

@@ -34,7 +34,7 @@ from rl_lm.rollout.batch import Host, RolloutBatch
 from rl_lm.tasks import make_task
 from rl_lm.tasks.base import Problem, Task
 from rl_lm.train import agent as agent_lib
-from rl_lm.train import reward_model
+from rl_lm.train import held_out, reward_model
 from rl_lm.train.context import Context
 from rl_lm.train.rollout import Sampler
 
@@ -108,17 +108,8 @@ class RolloutSource:
                          out_shardings=mesh_lib.batch_sharding(ctx.mesh, ctx.rules, (self.B,)))
 
   def fitting(self, problems: list[Problem], what: str) -> list[Problem]:
-    """The problems whose prompt fits `rl.max_prompt_len` tokens; says how many were left out."""
-    kept = [p for p in problems if len(self.ctx.tokenizer.encode_prompt(p.prompt)) <= self.rl.max_prompt_len]
-    if len(kept) < len(problems):
-      self.log(f"rl: {len(problems) - len(kept)} of {len(problems)} {what} problems have prompts longer than "
-               f"config.rl.max_prompt_len={self.rl.max_prompt_len} tokens and are left out")
-    if not kept:
-      from rl_lm.config import ConfigError
-
-      raise ConfigError("config.rl.max_prompt_len", f"{self.rl.max_prompt_len} tokens: no {what} problem's prompt "
-                        "fits")
-    return kept
+    """The problems whose prompt fits `rl.max_prompt_len` tokens (`held_out.fitting`)."""
+    return held_out.fitting(self.ctx, problems, what, lambda line: self.log(f"rl: {line}"))
 
   def close(self) -> None:
     if self.agent is not None:

@@ -44,6 +44,14 @@ def _sft(ctx: Context) -> Any:
   return sft.train(ctx, source.task_from_config(ctx.config), ctx.config.sft)
 
 
+@register("teacher_sft")
+def _teacher_sft(ctx: Context) -> Any:
+  """Off-policy distillation: SFT on a frozen teacher's samples (`config.teacher`; rl_lm/train/offpolicy.py)."""
+  from rl_lm.train import offpolicy, source
+
+  return offpolicy.train(ctx, source.task_from_config(ctx.config))
+
+
 @register("reward_model")
 def _reward_model(ctx: Context) -> Any:
   from rl_lm.train import reward_model, source
