@@ -14,7 +14,7 @@ Variants (`--config=configs/distill.py:<variant>`):
   offpolicy        off-policy distillation, the baseline: after SFT, a second SFT ("teacher_sft") on the teacher's
                    samples of the training pool (`teacher.samples_per_problem` each), held-out pass@k before and
                    after it (rl_lm/train/offpolicy.py); `sft.steps` sets its length
-  smoke, offpolicy_smoke   seconds, for tests (the teacher checkpoint still comes from `--config.teacher.init_from`)
+  smoke, mixed_smoke, offpolicy_smoke   seconds, for tests (the teacher still comes from --config.teacher.init_from)
 The RL baseline is configs/default.py itself (GRPO on the verifier reward, the same SFT).
 """
 
@@ -26,10 +26,11 @@ from configs import default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = (None, "mixed", "offpolicy", "smoke", "offpolicy_smoke")
+  variants = (None, "mixed", "offpolicy", "smoke", "mixed_smoke", "offpolicy_smoke")
   if arg not in variants:
     raise ValueError(f"configs/distill.py: unknown variant {arg!r}; known: {', '.join(map(str, variants[1:]))}")
   config = default.get_config("smoke" if arg and arg.endswith("smoke") else None)
+  arg = (arg or "").removesuffix("smoke").removesuffix("_") or None
   config.rl.distill.coef = 1.0
   config.rl.distill.verifier = 1.0 if arg == "mixed" else 0.0
   if arg and arg.startswith("offpolicy"):  # SFT on the teacher's samples instead of RL: no rl stage

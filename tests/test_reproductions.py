@@ -139,3 +139,18 @@ def test_pass_at_k_runs_end_to_end(tmp_path, jax_cache_env):
     assert len(r["before"]) == len(r["after"]) == 8
     assert all(a <= b + 1e-12 for a, b in zip(r["after"], r["after"][1:], strict=False))  # pass@k rises with k
   assert (tmp_path / "pass_at_k.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_distillation_runs_end_to_end(tmp_path, jax_cache_env):
+  """One seed: the teacher run, then on-policy and off-policy distillation from its SFT; the table, JSON and plot."""
+  run = _run(["experiments.distill.run", "--smoke", "--seeds=0", "--arms=onpolicy,offpolicy"], tmp_path,
+             jax_cache_env)
+  result = json.loads((tmp_path / "distill.json").read_text())
+  arms = result["seeds"]["0"]["arms"]
+  assert sorted(arms) == ["offpolicy", "onpolicy"] and [p["step"] for p in arms["offpolicy"]] == [0, 20]
+  assert arms["onpolicy"][0]["step"] == 0 and arms["onpolicy"][-1]["tokens"] > 0
+  log = (tmp_path / "seed0" / "onpolicy" / "log.txt").read_text()
+  assert "rl: teacher" in log and "seed0/teacher/checkpoints/rl" in log
+  assert (tmp_path / "seed0" / "offpolicy" / "teacher_samples.jsonl").exists()
+  assert (tmp_path / "distill.png").stat().st_size > 10_000 and "steps to 90%" in run.stdout

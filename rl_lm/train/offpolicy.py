@@ -89,8 +89,8 @@ def teacher_samples(ctx: Context, problems: list[Problem], log: Any = print) -> 
 
 def train(ctx: Context, task: Task, log: Any = print) -> dict[str, Any]:
   """SFT of `ctx.policy` on the teacher's samples of the training pool; leaves the result in `ctx.policy`. The
-  held-out pass@k before and after (`held_out.HeldOut`, the RL stage's draws) go to `<workdir>/eval/` and into
-  the returned summary."""
+  held-out pass@k before and after (`held_out.HeldOut`, the RL stage's draws) go to `<workdir>/eval/`, to
+  `<workdir>/teacher_sft_summary.json` and into the returned summary."""
   config, say = ctx.config, stage_run.speaker(log)
   problems = held_out.fitting(ctx, training_pool(task, config.task.pool_size, config.seed), "training", say)
   test = held_out.fitting(ctx, task.test_problems(config.task.eval_size, seed=config.seed), "held-out", say)
@@ -103,4 +103,8 @@ def train(ctx: Context, task: Task, log: Any = print) -> dict[str, Any]:
     evaluation.write_eval(result, ctx.workdir, 0 if result is before else config.sft.steps, label=label)
   say(f"teacher_sft: before: {before.line()}")
   say(f"teacher_sft: after:  {after.line()}")
-  return {"before": before.to_dict(), "after": after.to_dict(), **metrics}
+  summary = {"before": before.to_dict(), "after": after.to_dict(), "steps": config.sft.steps}
+  if jax.process_index() == 0:  # beside the SFT loop's own files (its stage wrote none)
+    with open(os.path.join(ctx.workdir, "teacher_sft_summary.json"), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=1)
+  return {**summary, **metrics}
