@@ -145,14 +145,20 @@ def load_sweep_file(path: str | os.PathLike) -> list[Point]:
   return [_normalise(p, f"{path}: point {i}") for i, p in enumerate(points, 1)]
 
 
-def points_from_config(config_spec: str) -> list[Point]:
-  """The points of `sweep(arg)` (or `sweep()`) defined beside `get_config` in a `path[:arg]` config file."""
-  path, _, arg = config_spec.partition(":")
-  spec = importlib.util.spec_from_file_location("_rl_lm_sweep_config", path)
+def config_module(path: str) -> Any:
+  """The module of a config file (its `get_config`, and `sweep` when it has one)."""
+  spec = importlib.util.spec_from_file_location("_rl_lm_config_file", path)
   if spec is None or spec.loader is None:
     raise SweepError(f"cannot load config file {path!r}")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def points_from_config(config_spec: str) -> list[Point]:
+  """The points of `sweep(arg)` (or `sweep()`) defined beside `get_config` in a `path[:arg]` config file."""
+  path, _, arg = config_spec.partition(":")
+  module = config_module(path)
   if not hasattr(module, "sweep"):
     raise SweepError(f"{path} defines no sweep(); add one beside get_config or pass --sweep_file")
   points = module.sweep(arg) if arg else module.sweep()

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import tempfile
 from typing import Any
 
 import jax
 
 from rl_lm import mesh as mesh_lib
+from rl_lm.sweep import config_module
 from rl_lm.train import rl as rl_lib
 from rl_lm.train import stage_run
 from rl_lm.train.context import make_context
@@ -29,11 +29,7 @@ from rl_lm.train.context import make_context
 def load_config(spec: str) -> Any:
   """`get_config(variant)` of a `path[:variant]` config file."""
   path, _, variant = spec.partition(":")
-  loader = importlib.util.spec_from_file_location("_transfers_config", path)
-  if loader is None or loader.loader is None:
-    raise SystemExit(f"cannot load config file {path!r}")
-  module = importlib.util.module_from_spec(loader)
-  loader.loader.exec_module(module)
+  module = config_module(path)
   return module.get_config(variant) if variant else module.get_config()
 
 

@@ -33,20 +33,7 @@ def encode_examples(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str
 
   A pair longer than `max_len` is cut at the end (its eos is lost); `truncated` counts them.
   """
-  B = len(pairs)
-  tokens = np.full((B, max_len), tok.pad_id, np.int32)
-  mask = np.zeros((B, max_len), bool)
-  loss_mask = np.zeros((B, max_len), bool)
-  truncated = 0
-  for i, (prompt, target) in enumerate(pairs):
-    p = tok.encode_prompt(prompt)
-    t = tok.encode(target) + [tok.eos_id]
-    ids = (p + t)[:max_len]
-    truncated += len(p) + len(t) > max_len
-    tokens[i, : len(ids)] = ids
-    mask[i, : len(ids)] = True
-    loss_mask[i, len(p): len(ids)] = True
-  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask, "truncated": np.int32(truncated)}
+  return encode_ids(tok, [(prompt, tok.encode(target) + [tok.eos_id]) for prompt, target in pairs], max_len)
 
 
 def encode_ids(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, list[int]]], max_len: int
