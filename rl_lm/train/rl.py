@@ -5,7 +5,8 @@
                                                           scored on the host; tokens stay on device
   train    = prepare(policy, reference, value, batch)     jit: old / reference log-probs, values, advantages
                                                           (group-relative | leave-one-out | GAE | REINFORCE++),
-                                                          KL penalty, IS weights, rollout diagnostics
+                                                          KL penalty, IS weights, rollout diagnostics; with
+                                                          a teacher (rl.distill) its per-token reward too
   state    = update(state, train)                         jit (rl_update.py): epochs x minibatches as lax.scan,
                                                           the policy loss (rl/policy_losses.py), KL controller
   log; alarms; evaluation every N steps; checkpoints
