@@ -108,10 +108,14 @@ def _draw(cfg: SamplingConfig, requests: Requests, state: State, logits: jax.Arr
   if rows is not None:
     drawing = drawing & rows
   j = jnp.maximum(j, 0)
-  row_keys = jax.vmap(jax.random.fold_in)(requests.keys[q], j)
+  if lockstep:  # row r serves request r: its own entries, no gathers
+    keys, stop_tokens, budgets = requests.keys, requests.stop_tokens, requests.budgets
+  else:
+    keys, stop_tokens, budgets = requests.keys[q], requests.stop_tokens[q], requests.budgets[q]
+  row_keys = jax.vmap(jax.random.fold_in)(keys, j)
   tok, logp = draw.sample_token(logits, None, cfg, row_keys=row_keys)
-  hit = drawing & jnp.any(tok[:, None] == requests.stop_tokens[q], axis=-1)
-  ended = drawing & (hit | (j + 1 >= requests.budgets[q]) | (slot + 2 >= S))  # S: the drawn token must fit
+  hit = drawing & jnp.any(tok[:, None] == stop_tokens, axis=-1)
+  ended = drawing & (hit | (j + 1 >= budgets) | (slot + 2 >= S))  # S: the drawn token must fit
   if lockstep:
     col = (0, jnp.max(j))
     return state._replace(
@@ -171,6 +175,8 @@ def step(model_cfg: ModelConfig, cfg: SamplingConfig, window: int, lockstep: boo
   logits, cache = transformer.forward_cached(model_cfg, params, state.fed[:, None], (state.slot - state.start)[:, None],
                                              state.cache, index, kv_mask, window=window)
   state, tok, drawing, ended = _draw(cfg, requests, state._replace(cache=cache), logits[:, 0], state.slot, lockstep)
+  if lockstep:  # the static batch: every row draws from its first step on, and there is no queue to take from
+    return state._replace(request=jnp.where(ended, -1, state.request), slot=state.slot + 1, fed=tok)
   q = jnp.maximum(state.request, 0)
   fed = jnp.where(drawing, tok, requests.prompts[q, jnp.clip(state.slot + 1 - state.start, 0, P - 1)])
   # A row whose request ended takes the next queued request, in row order.
