@@ -35,7 +35,7 @@ SAMPLES_FILE = "teacher_samples.jsonl"
 class TeacherDemos:
   """`task` with the teacher's samples as its demonstrations: a problem's k-th use gives its (k mod n)-th sample."""
 
-  def __init__(self, task: Task, problems: list[Problem], completions: dict[str, list[str]]):
+  def __init__(self, task: Task, problems: list[Problem], completions: dict[str, list[list[int]]]):
     self.task, self.problems, self.completions = task, problems, completions
     self._uses: collections.Counter = collections.Counter()
 
