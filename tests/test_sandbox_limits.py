@@ -145,7 +145,8 @@ def test_a_run_leaves_no_group_and_kills_what_it_left():
     time.sleep(0.01)
   assert proc.pid in groups.threads()
   groups.close()
-  assert proc.wait(timeout=10) == -signal.SIGKILL
+  # Killed, or (a loaded host, where its child's kill landed first) exited with its killed child's status.
+  assert proc.wait(timeout=10) in (-signal.SIGKILL, 128 + signal.SIGKILL)
   assert _own_groups_left() == []
   dead = subprocess.Popen(["true"])
   dead.wait()

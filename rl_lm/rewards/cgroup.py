@@ -358,7 +358,8 @@ class RunGroups:
       members = {pid for path in self.dirs for pid in self._members(path)}
       if not members or time.monotonic() > deadline:
         break
-      for pid in members:  # v1 has no cgroup.kill; a member's fork can only land in the group, seen next round
+      for pid in sorted(members):  # v1 has no cgroup.kill; a member's fork can only land in the group, seen next
+        # round. Parents (lower pids) first: a shell whose child dies first may exit on its own before its kill.
         try:
           os.kill(pid, signal.SIGKILL)
         except OSError:
