@@ -6,9 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_lm import config as config_lib
 from rl_lm import tokenizer as tokenizer_lib
+from rl_lm.config.section import ConfigError
 from rl_lm.models import presets, transformer
-from rl_lm.rewards import judge
+from rl_lm.rewards import build_reward, judge, make_reward
+from rl_lm.tasks.base import Problem
 
 
 def test_pointwise_score_is_the_expectation_over_the_score_tokens():
@@ -75,3 +78,124 @@ def test_an_off_scale_pairwise_answer_is_masked():
   logp = jnp.log(jnp.full((1, V), 1.0 / V))
   out = judge.pairwise(logp, logp, 1, 2, min_mass=0.5)  # "1" and "2" hold 2/8 of the mass
   assert not bool(out.valid[0]) and np.isnan(float(out.p_first[0]))
+
+
+# ------------------------------------------------------------------------------------------------
+# The judge as a reward: batched on the model, failures masked and counted, wired into the RL step
+
+
+def _judge_model(params=None, max_len=64, rows=4):
+  cfg = presets.get("test")
+  params = transformer.init(cfg, jax.random.key(4)) if params is None else params
+  return judge.JudgeModel(cfg, params, tokenizer_lib.CharTokenizer(), rows, max_len), cfg, params
+
+
+def _problems(n=6):
+  return [Problem(f"p{i}", f"{i}+{i}=", str(2 * i), task="arithmetic", reference=str(2 * i)) for i in range(n)]
+
+
+def test_pointwise_judge_reward_is_the_expected_score_of_the_full_forward():
+  """6 completions through batches of 4 padded prompts: each score equals the expectation over the scale's tokens
+  of a full forward of the rubric, mapped to [0, 1]."""
+  model, cfg, params = _judge_model()
+  reward = make_reward("judge", judge=model, rubric="Q {prompt} A {completion} Score:", scale="123", min_mass=0.0)
+  problems, texts = _problems(), ["0", "2", "5", "six", "8", "10"]
+  results = reward.batch(problems, texts)
+  tok = tokenizer_lib.CharTokenizer()
+  ids = [tok.encode(c)[0] for c in "123"]
+  for p, t, r in zip(problems, texts, results, strict=True):
+    x = jnp.asarray([tok.encode_prompt(f"Q {p.prompt} A {t} Score:")])
+    probs = np.asarray(jax.nn.softmax(transformer.forward(cfg, params, x, jnp.ones_like(x, bool))[0, -1]))[ids]
+    assert r.valid and r.status == "ok"
+    assert r.score == pytest.approx(float(probs @ np.asarray([0.0, 0.5, 1.0]) / probs.sum()), abs=1e-5)
+  assert reward.stats["judge/invalid_frac"] == 0.0
+  assert len({round(r.score, 6) for r in results}) > 1  # the texts are told apart
+
+
+def test_a_judge_that_cannot_decide_masks_its_rows_never_scores_them_0():
+  """Too little mass on the scale or a judge that outputs NaN: each row is invalid with its own status (masked and
+  counted), also inside a weighted sum with another reward. A completion the judge cannot read (too long for it,
+  or a character its tokenizer lacks) is the completion's doing: a valid 0, counted, not a mask to hide behind."""
+  model, cfg, params = _judge_model(max_len=40)
+  problems = _problems(3)
+  texts = ["2", "x" * 60, "4\ufffd"]  # the second does not fit 40 tokens, the third is not in the alphabet
+  reward = make_reward("judge", judge=model, rubric="Q {prompt} A {completion} Score:", scale="123", min_mass=0.0)
+  out = reward.batch(problems, texts)
+  assert [r.status for r in out] == ["ok", "judge_overlong", "judge_unreadable"]
+  assert all(r.valid for r in out) and out[1].score == out[2].score == 0.0
+  assert reward.stats == {"judge/invalid_frac": 0.0, "judge/unreadable_frac": pytest.approx(2 / 3)}
+  strict = make_reward("judge", judge=model, rubric="Q {prompt} A {completion} Score:", scale="123", min_mass=0.99)
+  assert {r.status for r in strict.batch(problems, ["2", "1", "4"])} == {"judge_invalid"}
+  assert strict.stats["judge/invalid_frac"] == 1.0
+  broken, _, _ = _judge_model(params=jax.tree.map(lambda x: x * jnp.nan, params))
+  nan_reward = make_reward("judge", judge=broken, rubric="{prompt}{completion}", scale="123", min_mass=0.0)
+  out = nan_reward.batch(problems, ["2", "1", "4"])
+  assert [r.status for r in out] == ["judge_error"] * 3 and not any(r.valid for r in out)
+  both = build_reward({"correctness": 1.0, "judge": 0.5}, {"judge": dict(judge=broken, rubric="{prompt}{completion}",
+                                                                         scale="123", min_mass=0.0)})
+  mixed = both.batch(problems, ["2", "1", "4"])
+  assert not any(r.valid for r in mixed) and {r.status for r in mixed} == {"judge_error"}
+
+
+def test_pairwise_judge_reward_is_swap_invariant_and_reports_its_position_bias():
+  model, _, _ = _judge_model(rows=8)
+  reward = make_reward("judge_pairwise", judge=model, compare="Q {prompt} 1: {first} 2: {second} Better:",
+                       choices="12", min_mass=0.0)
+  problems = _problems(5)
+  texts = ["0", "3", "4", "9", "7.0"]
+  ab, _ = reward.prefer([p.prompt for p in problems], texts, [p.reference for p in problems])
+  ba, _ = reward.prefer([p.prompt for p in problems], [p.reference for p in problems], texts)
+  np.testing.assert_allclose(ab.p_first + ba.p_first, 1.0, atol=1e-6)
+  results = reward.batch(problems, texts)
+  np.testing.assert_allclose([r.score for r in results], ab.p_first, atol=1e-6)
+  assert set(reward.stats) == {"judge/first_rate", "judge/flip_rate", "judge/invalid_frac", "judge/unreadable_frac"}
+  assert reward.summary().startswith("judge: position bias over 5 pairs: picks the answer shown first")
+  with pytest.raises(ValueError, match="reference"):
+    reward.batch([Problem("q", "1+1=", "2")], ["2"])
+
+
+def test_judge_rewards_need_a_judge_and_one_token_answers():
+  with pytest.raises(ValueError, match="needs a judge model"):
+    make_reward("judge")
+  model, _, _ = _judge_model()
+  with pytest.raises(ConfigError, match="config.judge.scale: 'ab' is 2 tokens"):
+    model.token_id("ab", "config.judge.scale")
+  config = config_lib.base_config()
+  config.stages, config.reward.weights = ("rl",), {"judge": 1.0}
+  with pytest.raises(ConfigError, match="config.judge.init_from"):
+    config_lib.validate(config, num_devices=1)
+  config.judge.init_from, config.judge.rubric = "/", "no placeholders"
+  with pytest.raises(ConfigError, match="config.judge.rubric: the template lacks"):
+    config_lib.validate(config, num_devices=1)
+
+
+def test_an_rl_step_on_the_judge_reward_counts_and_alarms_on_its_failures(tmp_path):
+  """The RL step with the judge (the policy's own initial weights) as the reward: its scores train, its metrics are
+  logged; a judge that never answers on the scale masks every row, and the invalid-rows alarm fires."""
+  from rl_lm.checkpoint import Checkpointer
+  from rl_lm.train.rl import RLTrainer
+  from tests.test_rl_loop import make_ctx, smoke_config
+
+  for min_mass, invalid in ((0.0, 0.0), (1.0, 1.0)):
+    config = smoke_config()
+    config.reward.weights = {"judge": 1.0}
+    ctx = make_ctx(config, (1, 1, 1), str(tmp_path / f"run{min_mass}"))
+    with Checkpointer(str(tmp_path / "judge")) as ckpt:
+      if not ckpt.latest_step():
+        ckpt.save(1, {"params": jax.device_get(ctx.policy)})
+    config.judge.init_from, config.judge.min_mass, config.judge.rows = str(tmp_path / "judge"), min_mass, 32
+    config.judge.rubric = "{prompt}{completion} Score:"
+    trainer = RLTrainer(ctx, log=lambda *_: None)
+    try:
+      metrics = [trainer.train_step(step) for step in (1, 2)]
+    finally:
+      trainer.source.close()
+    for m in metrics:  # every row the judge read is masked when it must put all its mass on the scale
+      assert m["rollout/invalid_frac"] == pytest.approx(m["judge/invalid_frac"])
+      assert m["judge/invalid_frac"] == pytest.approx(invalid * (1 - m["judge/unreadable_frac"]))
+      assert m["judge/unreadable_frac"] < 1.0  # an untrained policy writes ids outside the alphabet: a valid 0
+    if invalid:
+      lines = [line for _ in range(5) for line in trainer.health.update(3, metrics[-1])]
+      assert any(line.startswith("ALARM") and "rollout/invalid_frac" in line for line in lines), lines
+    else:
+      assert 0.0 < metrics[0]["rollout/reward_mean"] < 1.0

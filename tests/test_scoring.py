@@ -50,7 +50,7 @@ def test_chunked_scores_and_gradients_equal_the_whole_sequence(model, chunk):
 
   whole = scoring.score_tokens(cfg, params, tokens, mask, 0.9)
   parts = scoring.score_tokens(cfg.replace(logit_chunk=chunk), params, tokens, mask, 0.9)
-  for a, b in zip(whole, parts, strict=True):
+  for a, b in zip(whole[:3], parts[:3], strict=True):  # logp, entropy, hit (no teacher: no divergence)
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6, atol=1e-6)
   g_whole = jax.grad(loss)(params, 0)
   g_parts = jax.grad(loss)(params, chunk)

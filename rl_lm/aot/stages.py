@@ -115,6 +115,10 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
   if rl.distill.coef:
     raise ValueError("config.rl.distill.coef: a teacher on the mesh is not compiled ahead of time yet (its prepare "
                      "scores a second model); check the run without distillation, then add the teacher's weights")
+  judged = sorted({"judge", "judge_pairwise"} & set(config.reward.weights))
+  if judged:
+    raise ValueError(f"config.reward.weights.{judged[0]}: the LLM judge's forward is not compiled ahead of time yet; "
+                     "check the run with another reward, then add the judge's weights")
   ppo = rl.algorithm == "ppo"
   B, P, N = rl.prompts_per_step * rl.group_size, rl.max_prompt_len, config.sampling.max_new_tokens
   T = P + N

@@ -105,6 +105,15 @@ def check(config: Any, num_devices: int) -> None:
       lengths["config.env.max_tokens"] = ("env.max_tokens", c.env.max_tokens)
     _require(not r.distill.coef or bool(c.teacher.init_from or c.teacher.hf_checkpoint), "config.teacher.init_from",
              "rl.distill.coef > 0 distils towards a teacher: set teacher.init_from or teacher.hf_checkpoint")
+    judged = [n for n in c.reward.weights if n in ("judge", "judge_pairwise")]
+    _require(not judged or bool(c.judge.init_from or c.judge.hf_checkpoint), "config.judge.init_from",
+             f"reward {judged[0] if judged else ''!r} needs a judge: set judge.init_from or judge.hf_checkpoint")
+    if judged:
+      rows["config.judge.rows"] = c.judge.rows
+    _require(not judged or not c.env.name, f"config.reward.weights.{judged[0] if judged else ''}",
+             "the judge scores single-turn completions; an environment scores its own episodes")
+    _require(r.distill.on_policy == 1.0 or not c.env.name, "config.rl.distill.on_policy", "the teacher samples "
+             "single-turn completions only: multi-turn episodes are the student's (set on_policy = 1)")
   if "teacher_sft" in stages:
     _require(bool(c.teacher.init_from or c.teacher.hf_checkpoint), "config.teacher.init_from",
              "the teacher_sft stage trains on a teacher's samples: set teacher.init_from or teacher.hf_checkpoint")

@@ -98,12 +98,21 @@ class AlarmConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Distill(Section):
-  """On-policy distillation towards `config.teacher` (rl_lm/rl/distill.py): a per-token reward
-  log pi_teacher - log pi_student on the student's own samples, beside the verifier's advantage or instead of it."""
+  """Distillation towards `config.teacher` (rl_lm/rl/distill.py), beside the verifier's advantage or instead of it:
+  "reward", a per-token reward log pi_teacher - log pi_student on the student's own samples (a policy gradient);
+  "jsd", the GKD family: the generalised JSD between the two next-token distributions over the whole vocabulary,
+  a loss term differentiated directly, on the student's samples or (1 - on_policy of the steps) the teacher's."""
 
   KEY = "rl.distill"
-  coef: float = knob(0.0, "[0, inf)")  # weight of the per-token distillation reward; 0: off (no teacher is loaded)
+  coef: float = knob(0.0, "[0, inf)")  # weight of the distillation reward or loss; 0: off (no teacher is loaded)
   verifier: float = knob(1.0, "[0, inf)")  # weight of the verifier's advantage (0: pure distillation)
+  loss: str = knob("reward", ("reward", "jsd"))
+  beta: float = knob(0.5, "[0, 1]")  # "jsd": 0 forward KL(teacher || student), 1 reverse KL, 0.5 the symmetric JSD
+  on_policy: float = knob(1.0, "[0, 1]")  # lambda: the fraction of steps on the student's samples ("jsd")
+
+  def check(self) -> None:
+    self.require(self.on_policy == 1.0 or self.loss == "jsd", "on_policy", "steps on the teacher's samples "
+                 "need loss = 'jsd': the per-token reward is a policy gradient, true on the student's samples only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +134,42 @@ class Teacher(Section):
                  "not both")
     self.require(not self.preset or self.preset in presets.PRESETS, "preset",
                  f"unknown preset {self.preset!r}; known: {', '.join(presets.names())}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Judge(Section):
+  """An LLM judge for the rewards "judge" (pointwise) and "judge_pairwise" (rl_lm/rewards/judge.py): a frozen
+  model on the mesh, loaded like the teacher, with its own tokenizer (a Hugging Face folder's, or the run's for an
+  rl_lm checkpoint): the texts are re-tokenised for it. Its verdict is read from its next-token distribution."""
+
+  KEY, STAGES = "judge", ("rl",)
+  init_from: str = knob("", folder)  # an rl_lm checkpoint folder holding "params"
+  preset: str = ""  # the checkpoint's preset; "": model.preset
+  hf_checkpoint: str = knob("", folder)  # or a Hugging Face folder (its config.json, weights and tokenizer)
+  param_dtype: str = knob("bfloat16", DTYPES)  # storage (no optimizer state)
+  dtype: str = knob("float32", DTYPES)  # compute dtype of its forward
+  # Pointwise: the rubric, ending where the judge's answer begins; {prompt} and {completion} are filled in.
+  rubric: str = "Question: {prompt}\nAnswer: {completion}\nRate the answer from 1 (wrong) to 5 (right): "
+  scale: str = "12345"  # the answer tokens, worst to best, each one token; score k of K is (k - 1) / (K - 1) in [0, 1]
+  # Pairwise ("judge_pairwise", the completion against the problem's reference): {prompt}, {first}, {second}.
+  compare: str = "Question: {prompt}\nAnswer 1: {first}\nAnswer 2: {second}\nThe better answer is "
+  choices: str = "12"  # the tokens that pick the first and the second answer
+  min_mass: float = knob(0.5, "[0, 1]")  # below this probability on the answer tokens: a judge failure, masked
+  max_len: int = knob(512, "(0, inf)")  # judge prompt tokens; a longer prompt is a judge failure, masked
+  rows: int = knob(64, "(0, inf)")  # judge prompts per forward
+
+  def check(self) -> None:
+    self.require(not (self.init_from and self.hf_checkpoint), "hf_checkpoint", "set init_from or hf_checkpoint, "
+                 "not both")
+    self.require(not self.preset or self.preset in presets.PRESETS, "preset",
+                 f"unknown preset {self.preset!r}; known: {', '.join(presets.names())}")
+    self.require(len(self.scale) >= 2 and len(set(self.scale)) == len(self.scale), "scale",
+                 f"{self.scale!r}: at least two distinct answer tokens")
+    self.require(len(self.choices) == 2 and self.choices[0] != self.choices[1], "choices",
+                 f"{self.choices!r}: two distinct answer tokens")
+    for name, fields in (("rubric", ("{prompt}", "{completion}")), ("compare", ("{prompt}", "{first}", "{second}"))):
+      missing = [f for f in fields if f not in getattr(self, name)]
+      self.require(not missing, name, f"the template lacks {', '.join(missing)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
-from rl_lm.rl import losses
+from rl_lm.rl import distill, losses
 
 
 class TokenScores(NamedTuple):
@@ -32,34 +32,55 @@ class TokenScores(NamedTuple):
   logp: jax.Array  # [B, T] float32: log softmax(logits[t - 1] / temperature)[tokens[t]]
   entropy: jax.Array  # [B, T] float32: entropy of that distribution (nats)
   hit: jax.Array  # [B, T] bool: the most likely token at t - 1 was tokens[t]
+  divergence: jax.Array | None = None  # [B, T] float32, with a teacher: JSD_beta(teacher || model) at t - 1
+
+
+class Teacher(NamedTuple):
+  """A frozen model to measure the scored one against, position by position, over the whole vocabulary."""
+
+  cfg: ModelConfig
+  params: transformer.Params
+  beta: float  # the divergence, rl_lm.rl.distill.generalized_jsd: 0 forward KL, 1 reverse KL
 
 
 def _chunk_scores(cfg: ModelConfig, params: transformer.Params, h: jax.Array, targets: jax.Array,
-                  temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """h [B, c, D], targets [B, c] -> logp, entropy [B, c] float32 and hit [B, c] bool."""
+                  temperature: float, teacher: Teacher | None = None, th: jax.Array | None = None
+                  ) -> tuple[jax.Array, ...]:
+  """h [B, c, D], targets [B, c] -> logp, entropy [B, c] float32 and hit [B, c] bool; with a teacher (its hidden
+  states `th` [B, c, D']) the divergence [B, c] float32 too."""
   logits = transformer.logits_from_hidden(cfg, params, h) / temperature  # [B, c, V] float32
   hit = jnp.argmax(logits, axis=-1) == targets
-  return losses.token_logprobs(logits, targets), losses.entropy_from_logits(logits), hit
+  out = (losses.token_logprobs(logits, targets), losses.entropy_from_logits(logits), hit)
+  if teacher is None:
+    return out
+  t_logits = transformer.logits_from_hidden(teacher.cfg, teacher.params, th) / temperature  # [B, c, V]
+  return out + (distill.generalized_jsd(logits, t_logits, teacher.beta),)
 
 
 def score_tokens(cfg: ModelConfig, params: transformer.Params, tokens: jax.Array, mask: jax.Array,
-                 temperature: float = 1.0) -> TokenScores:
-  """The TokenScores of `tokens` [B, T] int32 with real-token `mask` [B, T] bool (see the module docstring)."""
+                 temperature: float = 1.0, teacher: Teacher | None = None) -> TokenScores:
+  """The TokenScores of `tokens` [B, T] int32 with real-token `mask` [B, T] bool (see the module docstring).
+
+  With a `teacher` (same vocabulary) the scores carry its divergence from this model at every position, made
+  chunk by chunk with the logits (both models' [B, c, V] at a time); no gradient reaches the teacher."""
   h = transformer.hidden_states(cfg, params, tokens, mask)[:, :-1]  # [B, T-1, D]: position t - 1 predicts t
+  hs = (h,)
+  if teacher is not None:
+    th = transformer.hidden_states(teacher.cfg, jax.lax.stop_gradient(teacher.params), tokens, mask)[:, :-1]
+    hs = (h, jax.lax.stop_gradient(th))
   targets = tokens[:, 1:]  # [B, T-1]
   B, n = targets.shape
   c = cfg.logit_chunk
+  score = lambda hs, t: _chunk_scores(cfg, params, hs[0], t, temperature, teacher, *hs[1:])  # noqa: E731
   if c <= 0 or c >= n:
-    logp, entropy, hit = _chunk_scores(cfg, params, h, targets, temperature)
+    outs = score(hs, targets)
   else:
     k = -(-n // c)  # chunks; the last is padded with copies of position 0
     pad = k * c - n
-    h = jnp.concatenate([h, jnp.repeat(h[:, :1], pad, axis=1)], axis=1) if pad else h
-    targets_p = jnp.concatenate([targets, jnp.repeat(targets[:, :1], pad, axis=1)], axis=1) if pad else targets
-    hc = h.reshape(B, k, c, h.shape[-1]).swapaxes(0, 1)  # [k, B, c, D]
-    tc = targets_p.reshape(B, k, c).swapaxes(0, 1)  # [k, B, c]
-    chunk = jax.checkpoint(lambda xs: _chunk_scores(cfg, params, xs[0], xs[1], temperature))
-    outs = jax.lax.map(chunk, (hc, tc))  # 3 x [k, B, c]
-    logp, entropy, hit = (o.swapaxes(0, 1).reshape(B, k * c)[:, :n] for o in outs)
+    padded = lambda x: jnp.concatenate([x, jnp.repeat(x[:, :1], pad, axis=1)], axis=1) if pad else x  # noqa: E731
+    split = lambda x: padded(x).reshape(B, k, c, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731 -- [k, B, c, ...]
+    chunk = jax.checkpoint(lambda xs: score(xs[0], xs[1]))
+    outs = jax.lax.map(chunk, (tuple(split(x) for x in hs), split(targets)))  # 3 or 4 x [k, B, c]
+    outs = tuple(o.swapaxes(0, 1).reshape(B, k * c)[:, :n] for o in outs)
   first = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)  # [B, T-1] -> [B, T]
-  return TokenScores(first(logp), first(entropy), first(hit))
+  return TokenScores(*(first(o) for o in outs))

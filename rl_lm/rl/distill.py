@@ -11,7 +11,19 @@ vocabulary), plus the verifier's gradient. Each token's advantage is its own rew
 Thinking Machines' recipe): the gradient lowers each position's KL given its prefix, not the effect a token has on
 the KLs of the positions after it.
 
-Both log-probs are of the temperature-scaled distributions the student samples from (`sampling.temperature`), so
+The GKD family (`rl.distill.loss = "jsd"`, Agarwal et al. 2024): instead of a sampled reward, the divergence
+between the two next-token distributions, over the whole vocabulary, at every completion position, differentiated
+directly (the sequences are data, not a sampling decision):
+
+  JSD_beta(T || S) = beta * KL(T || M) + (1 - beta) * KL(S || M),    M = beta * T + (1 - beta) * S
+
+beta = 0 is taken as the forward KL(T || S) itself and beta = 1 as the reverse KL(S || T) (the generalised JSD
+shrinks to beta * KL(T || S) and (1 - beta) * KL(S || T) near the two ends, so the ends are the limits' directions
+at full scale); 0.5 is the symmetric Jensen-Shannon divergence. With the on-policy fraction lambda
+(`rl.distill.on_policy`) < 1, a step's sequences are the teacher's own samples with probability 1 - lambda
+(supervised KD) and the student's otherwise.
+
+Both models' distributions are the temperature-scaled ones the student samples from (`sampling.temperature`), so
 the teacher is compared on the student's terms. The teacher must share the student's vocabulary (checked when it
 is loaded, rl_lm/train/teacher.py): token t means the same string to both.
 """
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def token_rewards(student_logp: jax.Array, teacher_logp: jax.Array, mask: jax.Array) -> jax.Array:
@@ -33,6 +46,27 @@ def advantages(verifier_adv: jax.Array, student_logp: jax.Array, teacher_logp: j
   elsewhere. All [B, T]."""
   adv = verifier * verifier_adv + coef * token_rewards(student_logp, teacher_logp, mask)
   return jnp.where(mask, adv, 0.0)
+
+
+def generalized_jsd(student_logits: jax.Array, teacher_logits: jax.Array, beta: float) -> jax.Array:
+  """JSD_beta(teacher || student) per position (module docstring), nats. [..., V] logits -> [...] float32.
+
+  `beta` is a Python float (a static choice of divergence). No gradient reaches the teacher's logits."""
+  s = jax.nn.log_softmax(student_logits.astype(jnp.float32), axis=-1)
+  t = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32), axis=-1)
+  kl = lambda log_p, log_q: jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)  # noqa: E731 -- KL(p || q)
+  if beta == 0.0:
+    return kl(t, s)
+  if beta == 1.0:
+    return kl(s, t)
+  m = jnp.logaddexp(t + jnp.log(beta), s + jnp.log1p(-beta))  # log(beta * T + (1 - beta) * S)
+  return beta * kl(t, m) + (1.0 - beta) * kl(s, m)
+
+
+def teacher_step(seed: int, step: int, on_policy: float) -> bool:
+  """Whether step `step` trains on the teacher's samples rather than the student's: a coin of probability
+  1 - on_policy, drawn from the seed and the step alone (the same on a resumed run, whatever ran before)."""
+  return on_policy < 1.0 and float(np.random.default_rng((seed, 36, step)).random()) >= on_policy
 
 
 def metrics(student_logp: jax.Array, teacher_logp: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:

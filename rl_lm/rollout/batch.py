@@ -54,6 +54,7 @@ class RolloutBatch:
   host: Host | None = None  # None until scored
   seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn: "policy" (the turns on device,
   # tokens to the host) and "env" (the environments' resets and steps), wall time
+  by_teacher: bool = False  # sampled by the distillation teacher, not the policy (rl.distill.on_policy < 1)
 
   @staticmethod
   def select(parts: Sequence[RolloutBatch], rows: np.ndarray, take: Callable[[Any, np.ndarray], Any]
@@ -73,4 +74,5 @@ class RolloutBatch:
     every = [p for part in parts for p in part.problems]
     device = take(jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p.device for p in parts]), rows)
     host = Host(**{f.name: field(f.name) for f in dataclasses.fields(Host)})
-    return RolloutBatch(parts[0].step, parts[0].version, [every[i] for i in rows], device, host)
+    return RolloutBatch(parts[0].step, parts[0].version, [every[i] for i in rows], device, host,
+                        by_teacher=parts[0].by_teacher)

@@ -107,12 +107,16 @@ class RLTrainer:
     self.state = rl_update.RLState(policy_state, value_state, kl_state)
     shardings = rl_update.RLState(policy_sh, value_sh, jax.tree.map(lambda _: rep, self.state.kl))
     self._shardings = shardings
+    self.teacher = teacher_lib.load(self.config, ctx, self.log) if rl.distill.coef else None  # frozen, on the mesh
+    teacher_cfg = self.teacher.model_cfg if self.teacher else None
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules,
-                                              self.lora)
-    self.teacher = teacher_lib.load(self.config, ctx, self.log) if rl.distill.coef else None  # frozen, on the mesh
+                                              self.lora, teacher_cfg)
     self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora,
-                                                self.teacher.model_cfg if self.teacher else None)
+                                                teacher_cfg)
+    if self.teacher and rl.distill.on_policy < 1:  # some steps sample from the teacher, with the policy's sampler
+      teacher_lib.check_samples(ctx.model_cfg, self.teacher.model_cfg, self.lora)
+      self.source.teacher_params = self.teacher.params
 
   def policy(self) -> Any:
     """The current policy's parameters as the model takes them (with LoRA: the base carrying the adapters)."""
@@ -132,12 +136,17 @@ class RLTrainer:
       value = self.state.value.params if self.state.value is not None else None
       host = batch.host
       scored = self._device(rl_update.Scored(host.scores, host.valid, self.source.trains(batch), host.success))
+      teacher = self.teacher and self.teacher.params
+      by_student = None  # with on_policy < 1: whether the student sampled this step's rollouts
+      if self.rl.distill.on_policy < 1:
+        by_student = mesh_lib.put(np.float32(not batch.by_teacher), mesh_lib.replicated(self.ctx.mesh))
       train_batch, rollout_metrics = self.prepare_fn(self.state.policy.params, self.reference, value, batch.device,
-                                                     scored, self.state.kl.coef, self.teacher and self.teacher.params)
+                                                     scored, self.state.kl.coef, teacher, by_student)
       jax.block_until_ready(train_batch)
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
       key = keys.fold(self.ctx.key, 4, step)
-      self.state, update_metrics = self.update_fn(self.state, train_batch, key, self.reference if self.lora else None)
+      self.state, update_metrics = self.update_fn(self.state, train_batch, key, self.reference if self.lora else None,
+                                                  teacher if self.rl.distill.loss == "jsd" else None)
       rollout_metrics, update_metrics = mesh_lib.fetch((rollout_metrics, update_metrics))
     flags = update_metrics.pop("train/skipped_flags")
     self._skips.count(flags.tolist(), [update_metrics] * len(flags), step)
@@ -145,7 +154,14 @@ class RLTrainer:
     if self.rl.dynamic_sampling:  # the trained batch's own fraction, after refilling
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
     metrics.update(stats)
-    return {**metrics, **self.source.metrics(batch, seen, timings)}
+    metrics.update(self.source.metrics(batch, seen, timings))
+    if self.rl.distill.on_policy < 1:
+      metrics["distill/teacher_step"] = float(batch.by_teacher)
+    if batch.by_teacher:  # the rollout's own account describes the teacher's samples: logged apart, not alarmed on
+      own = set(rollout_metrics) | set(stats)
+      metrics = {(f"teacher_samples/{k}" if k in own or k.startswith(("rollout/", "groups/")) else k): v
+                 for k, v in metrics.items()}
+    return metrics
 
   def _device(self, tree: Any) -> Any:
     """Host [B] arrays onto the mesh, the batch sharded like the rollout's."""
@@ -242,8 +258,8 @@ class RLTrainer:
       writer.write(step, metrics)
       if main:
         progress.update(step, metrics)
-        for line in self.health.update(step, metrics):  # alarms and notes, once a condition held `patience` steps
-          progress.log(line)
+        for line in self.health.update(step, metrics) if not metrics.get("distill/teacher_step") else ():
+          progress.log(line)  # alarms and notes, once a condition held `patience` steps (on the student's samples)
       if stage.due(step):
         self._save(stage, step, before, curves)
     after = self.evaluate(rl.steps, "after RL")
@@ -252,7 +268,7 @@ class RLTrainer:
     curves["after RL"] = after.pass_at_k
     summary = {"before": before.to_dict(), "after": after.to_dict(), "health": self.health.summary()}
     if main:
-      for line in self.health.summary_lines():
+      for line in self.health.summary_lines() + self.source.summary_lines():
         self.log(line)
       evaluation.plot_pass_at_k_curves(curves, os.path.join(workdir, "pass_at_k.png"), "held-out pass@k")
       metrics_lib.plot_curves(stage.metrics_path, CURVES, os.path.join(workdir, "curves.png"),

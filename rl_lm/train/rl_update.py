@@ -94,25 +94,30 @@ def policy_params(trainable: Any, reference: Any, lora_cfg: lora.LoraConfig | No
 
 def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules,
                     lora_cfg: lora.LoraConfig | None = None, teacher_cfg: ModelConfig | None = None) -> Callable:
-  """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef, teacher=None) ->
-  (TrainBatch, metrics). `policy` is the trainable tree (the adapters, with `lora_cfg`); `teacher` the frozen
+  """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef, teacher=None, by_student=None)
+  -> (TrainBatch, metrics). `policy` is the trainable tree (the adapters, with `lora_cfg`); `teacher` the frozen
   teacher's parameters (model `teacher_cfg`) when `rl.distill.coef` > 0.
 
   Everything between the scores and the update: old and reference log-probs, values, advantages (with the
   KL penalty in the reward when configured, and the distillation reward with a teacher), truncated importance
   weights, and the rollout's run-health metrics (`diagnostics.rollout_metrics`, float32 scalars).
+
+  `by_student` (a float32 scalar, 1 or 0; with `rl.distill.on_policy` < 1) says whether the student sampled the
+  rollout. On the teacher's samples (0) no policy gradient is taken (advantages 0; the sequences train the
+  distillation loss only) and no sampler correction applies: the sampler was another model.
   """
   is_ppo = rl.algorithm == "ppo"
   distilling = rl.distill.coef > 0
 
   def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array,
-              teacher: Any = None):
+              teacher: Any = None, by_student: jax.Array | None = None):
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
     policy = policy_params(policy, reference, lora_cfg)
 
     def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 to 5 x [b, T]
-      logp, entropy, _ = scoring.score_tokens(cfg, policy, tokens, attn, temperature)
+      s = scoring.score_tokens(cfg, policy, tokens, attn, temperature)
+      logp, entropy = s.logp, s.entropy
       ref_logp = scoring.score_tokens(cfg, reference, tokens, attn, temperature).logp
       out = (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
       return out + ((scoring.score_tokens(teacher_cfg, teacher, tokens, attn, temperature).logp,) if distilling else ())
@@ -129,9 +134,14 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     values = scores[3] if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
-    if distilling:  # the teacher's per-token reward on the student's own samples
+    if distilling:
       teacher_logp, trains = scores[-1], comp & scored.trains[:, None]
-      adv = distill.advantages(adv, old_logp, teacher_logp, trains, rl.distill.coef, rl.distill.verifier)
+      if rl.distill.loss == "reward":  # the teacher's per-token reward on the student's own samples
+        adv = distill.advantages(adv, old_logp, teacher_logp, trains, rl.distill.coef, rl.distill.verifier)
+      else:  # the divergence is a loss term of the update; the verifier's advantage keeps its weight
+        adv = rl.distill.verifier * adv
+    if by_student is not None:
+      adv = adv * by_student
     is_w, keep, fix = jnp.ones_like(old_logp), comp, rl.correction
     if fix.cap > 0:
       is_w, metrics = correction.importance_weights(old_logp, rollout.logprobs, comp, fix.level, fix.cap, fix.lower)
@@ -145,6 +155,8 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
       truncated=~rollout.finished, lengths=rollout.lengths, values=values, returns=returns))
     if distilling:
       metrics.update(distill.metrics(old_logp, teacher_logp, comp))
+    if by_student is not None:  # the teacher sampled: its tokens all train the divergence, unweighted
+      is_w, keep = jnp.where(by_student > 0, is_w, 1.0), jnp.where(by_student > 0, keep, comp)
     mask = keep & scored.trains[:, None]
     return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
 
@@ -174,12 +186,15 @@ def micro_weights(mask: jax.Array, mode: str) -> jax.Array:
 
 
 def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant: int, optimizers: tuple,
-                   shardings: RLState, mesh: Any, rules: mesh_lib.Rules, lora_cfg: lora.LoraConfig | None = None
-                   ) -> Callable:
-  """update_fn(state, batch: TrainBatch, key, frozen=None) -> (state, metrics), jitted once with the state donated.
+                   shardings: RLState, mesh: Any, rules: mesh_lib.Rules, lora_cfg: lora.LoraConfig | None = None,
+                   teacher_cfg: ModelConfig | None = None) -> Callable:
+  """update_fn(state, batch: TrainBatch, key, frozen=None, teacher=None) -> (state, metrics), jitted once with the
+  state donated.
 
   With `lora_cfg` the policy state holds the adapters and `frozen` is the base they ride on (the reference
-  policy, never donated); gradients and optimizer state exist for the adapters only.
+  policy, never donated); gradients and optimizer state exist for the adapters only. With `rl.distill.loss` =
+  "jsd", `teacher` holds the teacher's parameters (model `teacher_cfg`) and the loss adds `rl.distill.coef` times
+  the generalised JSD to it over the batch's trained tokens (aggregated like the policy loss).
 
   The whole optimisation of one step runs inside: `rl.epochs` passes, each over a permutation of the B rows
   drawn on device from `key`, cut into `rl.minibatches` optimizer steps of `rl.grad_accum` micro-batches
@@ -192,11 +207,14 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   loss_options = policy_losses.options(rl)  # the loss's own config fields (ppo: dual_clip)
   is_ppo = rl.algorithm == "ppo"
   E, M, A = rl.epochs, rl.minibatches, rl.grad_accum
+  jsd = rl.distill.coef > 0 and rl.distill.loss == "jsd"
 
-  def micro_loss(params, mb: TrainBatch, kl_coef, frozen):
+  def micro_loss(params, mb: TrainBatch, kl_coef, frozen, teacher):
     policy, value = params
     policy = policy_params(policy, frozen, lora_cfg)
-    logp, ent, _ = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature)  # [m, T] each
+    against = scoring.Teacher(teacher_cfg, teacher, rl.distill.beta) if jsd else None
+    scores = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature, against)  # [m, T] each
+    logp, ent = scores.logp, scores.entropy
     mask = mb.mask
     loss, metrics = policy_losses.compute(
       rl.policy_loss, logp, mb.old_logp, mb.advantages, mask, clip_low=rl.clip_low, clip_high=rl.clip_high,
@@ -219,19 +237,24 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       loss = loss + rl.value.coef * vloss
       metrics.update(vmetrics)
       metrics["value/loss"] = vloss
+    if jsd:
+      div = losses.aggregate(scores.divergence, mask, rl.loss_mode, norm_constant)
+      metrics["distill/jsd"] = div
+      loss = loss + rl.distill.coef * div
     metrics["train/loss"] = loss
     return loss, metrics
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def optimizer_step(state: RLState, minibatch: TrainBatch, frozen: Any) -> tuple[RLState, dict[str, jax.Array]]:
+  def optimizer_step(state: RLState, minibatch: TrainBatch, frozen: Any, teacher: Any
+                     ) -> tuple[RLState, dict[str, jax.Array]]:
     """One optimizer step on a minibatch of A micro-batches [A, m, T], gradients accumulated by weight."""
     params = (state.policy.params, state.value.params if state.value is not None else None)
     weights = micro_weights(minibatch.mask, rl.loss_mode)  # [A]
 
     def micro(acc, xs):
       mb, w = xs
-      (_, metrics), grads = grad_fn(params, mb, state.kl.coef, frozen)
+      (_, metrics), grads = grad_fn(params, mb, state.kl.coef, frozen, teacher)
       acc_grads, acc_metrics = acc
       acc_grads = jax.tree.map(lambda a, g: a + w * g, acc_grads, grads)
       acc_metrics = {k: jnp.maximum(a, metrics[k]) if is_max_metric(k) else a + w * metrics[k]
@@ -239,7 +262,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       return (acc_grads, acc_metrics), None
 
     first = jax.tree.map(lambda x: x[0], minibatch)
-    shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef, frozen)[0][1])
+    shapes = jax.eval_shape(lambda: grad_fn(params, first, state.kl.coef, frozen, teacher)[0][1])
     zeros = (jax.tree.map(jnp.zeros_like, params), {k: jnp.zeros(s.shape, jnp.float32) for k, s in shapes.items()})
     (grads, metrics), _ = jax.lax.scan(micro, zeros, (minibatch, weights))
 
@@ -259,7 +282,8 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     metrics["train/skipped"] = (~ok).astype(jnp.float32)
     return RLState(state_lib.accept(ok, new_policy, state.policy), new_value, state.kl), metrics
 
-  def epoch(state: RLState, key: jax.Array, batch: TrainBatch, frozen: Any) -> tuple[RLState, dict[str, jax.Array]]:
+  def epoch(state: RLState, key: jax.Array, batch: TrainBatch, frozen: Any, teacher: Any
+            ) -> tuple[RLState, dict[str, jax.Array]]:
     B = batch.tokens.shape[0]
     m = B // (M * A)
     order = jax.random.permutation(key, B)
@@ -268,11 +292,12 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       x = jnp.take(x, order, axis=0).reshape((M, A, m) + x.shape[1:])
       return mesh_lib.constrain(x, (None, None, "batch") + (None,) * (x.ndim - 3))
 
-    return jax.lax.scan(lambda s, mb: optimizer_step(s, mb, frozen), state, jax.tree.map(cut, batch))
+    return jax.lax.scan(lambda s, mb: optimizer_step(s, mb, frozen, teacher), state, jax.tree.map(cut, batch))
 
-  def update(state: RLState, batch: TrainBatch, key: jax.Array, frozen: Any = None
+  def update(state: RLState, batch: TrainBatch, key: jax.Array, frozen: Any = None, teacher: Any = None
              ) -> tuple[RLState, dict[str, jax.Array]]:
-    state, per_step = jax.lax.scan(lambda s, k: epoch(s, k, batch, frozen), state, jax.random.split(key, E))  # [E, M]
+    state, per_step = jax.lax.scan(lambda s, k: epoch(s, k, batch, frozen, teacher), state,
+                                   jax.random.split(key, E))  # [E, M]
     metrics = {k: (jnp.max if is_max_metric(k) else jnp.mean)(v) for k, v in per_step.items()}
     metrics["train/skipped"] = jnp.sum(per_step["train/skipped"])
     metrics["train/skipped_flags"] = per_step["train/skipped"].reshape(-1)

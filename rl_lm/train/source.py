@@ -10,7 +10,10 @@ everything between the policy's parameters and `prepare`:
 - sampling ahead (`rl.max_staleness` s > 0): the rollouts of steps step + 1 ... step + s are dispatched with the
   current policy while the host scores and the device trains; a rollout more than s updates old is dropped. The
   queue drains before a checkpoint, so a resumed run samples what the uninterrupted one did;
-- dynamic sampling: zero-variance groups replaced by fresh ones, up to `rl.max_extra_rollouts` extra rollouts.
+- dynamic sampling: zero-variance groups replaced by fresh ones, up to `rl.max_extra_rollouts` extra rollouts;
+- with `rl.distill.on_policy` < 1, the steps whose rollouts the distillation teacher samples (`teacher_params`,
+  set by the trainer): a coin per step (`distill.teacher_step`). Their rows do not teach the curriculum, which
+  tracks the student's pass rates.
 
 Where a part plugs in: a task (rl_lm/tasks, `TASKS`), a reward (rl_lm/rewards, `REWARDS`), an environment
 (rl_lm/envs, `ENVIRONMENTS`); each is named in the config and built here.
@@ -29,6 +32,7 @@ from rl_lm import diagnostics, keys, sampling
 from rl_lm import mesh as mesh_lib
 from rl_lm.rewards import build_reward
 from rl_lm.rl import advantages as adv_lib
+from rl_lm.rl import distill
 from rl_lm.rl.curriculum import Curriculum, CurriculumConfig
 from rl_lm.rollout.batch import Host, RolloutBatch
 from rl_lm.tasks import make_task
@@ -88,7 +92,15 @@ class RolloutSource:
     self.policy, self.checkpoint_due = policy, checkpoint_due
     self.G, self.B, self.N = rl.group_size, rl.prompts_per_step * rl.group_size, config.sampling.max_new_tokens
     self.task = task_from_config(config)
-    self.reward = build_reward(dict(config.reward.weights))
+    self.judge = None  # a rl_lm.rewards.judge.JudgeModel when a reward is the LLM judge's
+    options: dict[str, dict[str, Any]] = {}
+    if {"judge", "judge_pairwise"} & set(config.reward.weights):
+      from rl_lm.train import teacher as frozen_models
+
+      self.judge, j = frozen_models.load_judge(config, ctx, log), config.judge
+      options = {"judge": dict(judge=self.judge, rubric=j.rubric, scale=j.scale, min_mass=j.min_mass),
+                 "judge_pairwise": dict(judge=self.judge, compare=j.compare, choices=j.choices, min_mass=j.min_mass)}
+    self.reward = build_reward(dict(config.reward.weights), options)
     tok = ctx.tokenizer
     self.scfg = sampling.config_from(config.sampling, tok)
     self.sampler = Sampler(ctx.model_cfg, self.scfg, tok, ctx.mesh, ctx.rules, rl.max_prompt_len, self.B,
@@ -103,6 +115,7 @@ class RolloutSource:
                       else ctx.reward_model)
       if self.learned is None:
         raise ValueError("config.reward.learned needs a reward_model stage before rl or config.reward.model_checkpoint")
+    self.teacher_params: Any = None  # the teacher's parameters, when some steps train on its samples
     self.queue: collections.deque[RolloutBatch] = collections.deque()  # dispatched ahead, oldest first
     self._take = jax.jit(lambda tree, rows: jax.tree.map(lambda x: x[rows], tree),
                          out_shardings=mesh_lib.batch_sharding(ctx.mesh, ctx.rules, (self.B,)))
@@ -110,6 +123,10 @@ class RolloutSource:
   def fitting(self, problems: list[Problem], what: str) -> list[Problem]:
     """The problems whose prompt fits `rl.max_prompt_len` tokens (`held_out.fitting`)."""
     return held_out.fitting(self.ctx, problems, what, lambda line: self.log(f"rl: {line}"))
+
+  def summary_lines(self) -> list[str]:
+    """What the run's rewards measured over the whole run (the pairwise judge's position bias)."""
+    return [r.summary() for _, r in self.reward.components.values() if hasattr(r, "summary")]
 
   def close(self) -> None:
     if self.agent is not None:
@@ -121,13 +138,21 @@ class RolloutSource:
 
   # --- one rollout: dispatched, then scored ------------------------------------------------------
 
-  def dispatch(self, step: int, version: int, problems: list[Problem], rng: jax.Array, extra: int = 0
-               ) -> RolloutBatch:
-    """G rollouts per problem with the current policy. Single-turn: started on the device, returns at once.
-    Multi-turn: the episodes run to their end here (the environments take turns with the policy)."""
+  def by_teacher(self, step: int) -> bool:
+    """Whether step `step`'s rollouts are the distillation teacher's samples (rl_lm/rl/distill.py)."""
+    return self.teacher_params is not None and distill.teacher_step(self.config.seed, step, self.rl.distill.on_policy)
+
+  def dispatch(self, step: int, version: int, problems: list[Problem], rng: jax.Array, extra: int = 0,
+               by_teacher: bool | None = None) -> RolloutBatch:
+    """G rollouts per problem with the current policy (or, `by_teacher`, the teacher; default: step `step`'s coin).
+    Single-turn: started on the device, returns at once. Multi-turn: the episodes run to their end here (the
+    environments take turns with the policy)."""
     rows = [p for p in problems for _ in range(self.G)]
     if self.agent is None:
-      return RolloutBatch(step, version, rows, self.sampler.dispatch(self.policy(), [p.prompt for p in rows], rng))
+      teacher = self.by_teacher(step) if by_teacher is None else by_teacher
+      params = self.teacher_params if teacher else self.policy()
+      return RolloutBatch(step, version, rows, self.sampler.dispatch(params, [p.prompt for p in rows], rng),
+                          by_teacher=teacher)
     batch = self.agent.train_episodes(self.policy(), rows, rng, step or version + 1, extra)
     batch.step, batch.version = step, version
     return batch
@@ -213,11 +238,12 @@ class RolloutSource:
     while (self.rl.dynamic_sampling and len(seen) <= self.rl.max_extra_rollouts
            and sum(int((~z).sum()) for z in zero_var) < P):
       with diagnostics.timed(timings, "sampling"):
-        extra = self.dispatch(0, version, self.curriculum.next_batch(P), self.key(step, len(seen)), len(seen))
+        extra = self.dispatch(0, version, self.curriculum.next_batch(P), self.key(step, len(seen)), len(seen),
+                              by_teacher=first.by_teacher)
       seen.append(self.score(extra, version, timings))
       zero_var.append(adv_lib.group_zero_variance_host(seen[-1].host.scores, G, self.trains(seen[-1])))
       stats["dynamic/extra_rollouts"] = float(len(seen) - 1)
-    for batch in seen:
+    for batch in seen if not first.by_teacher else ():
       succ, val = batch.host.success.reshape(-1, G), batch.host.valid.reshape(-1, G)
       self.curriculum.update(batch.problems[::G], (succ & val).sum(1).tolist(), val.sum(1).tolist())
     if not self.rl.dynamic_sampling:
@@ -244,6 +270,8 @@ class RolloutSource:
     out["rollout/verifier_errors"] = float(sum((~e.host.valid).sum() for e in seen))  # dropped groups too
     # Timeouts the completions caused (their program or answer overran): scored 0, counted apart.
     out["rollout/timeouts"] = float(sum(s == "timeout" for e in seen for s in e.host.statuses))
+    for _, reward in self.reward.components.values():  # the judge's: failures, position bias
+      out.update(getattr(reward, "stats", {}))
     out.update(diagnostics.perf_metrics(timings, int(sum(e.host.lengths.sum() for e in seen))))
     if self.agent is not None:
       out.update(self.agent.metrics(seen))

@@ -65,9 +65,21 @@ def check_vocabulary(config: Any, policy_cfg: ModelConfig, teacher_cfg: ModelCon
                       f"({config.model.hf_checkpoint}): the same ids would be other strings")
 
 
-def load(config: Any, ctx: Context, log: Callable[[str], Any] = print) -> Frozen:
-  """`config.teacher` on `ctx.mesh`: a Hugging Face folder, or the "params" of an rl_lm checkpoint of a preset."""
-  t = config.teacher
+def check_samples(policy_cfg: ModelConfig, teacher_cfg: ModelConfig, lora_cfg: Any = None) -> None:
+  """Refuses a teacher the policy's sampler cannot run (`rl.distill.on_policy` < 1 samples with it): another
+  architecture than the policy's (storage and compute dtypes may differ), or a LoRA policy (the sampler is built
+  for the base carrying adapters)."""
+  same = teacher_cfg.replace(param_dtype=policy_cfg.param_dtype, dtype=policy_cfg.dtype) == policy_cfg
+  if not same or lora_cfg is not None:
+    why = "a LoRA policy" if same else "a teacher of another architecture than the policy's"
+    raise ConfigError("config.rl.distill.on_policy", f"< 1 samples the teacher with the policy's sampler, which "
+                      f"does not run {why}: set on_policy = 1 (the student's samples only)")
+
+
+def load(config: Any, ctx: Context, log: Callable[[str], Any] = print, section: str = "teacher") -> Frozen:
+  """`config.<section>` on `ctx.mesh`: a Hugging Face folder, or the "params" of an rl_lm checkpoint of a preset.
+  The teacher (section "teacher") must share the policy's vocabulary; a judge ("judge") reads re-tokenised text."""
+  t = config[section]
   if t.hf_checkpoint:
     from rl_lm.models import hf
 
@@ -78,9 +90,30 @@ def load(config: Any, ctx: Context, log: Callable[[str], Any] = print) -> Frozen
                       logit_chunk=config.model.logit_chunk)
     params = stage_run.load_params(t.init_from, build.abstract_params(cfg, ctx.mesh, ctx.rules))
     source = f"{t.init_from} (preset {t.preset or config.model.preset})"
-  check_vocabulary(config, ctx.model_cfg, cfg)
+  if section == "teacher":
+    check_vocabulary(config, ctx.model_cfg, cfg)
   leaves = jax.tree.leaves(params)
   frozen = Frozen(cfg, params, source, sum(x.size for x in leaves), sum(x.nbytes for x in leaves),
                   sum(x.addressable_shards[0].data.nbytes for x in leaves))
-  stage_run.speaker(log)(f"rl: teacher {frozen.describe()}")
+  stage_run.speaker(log)(f"rl: {section} {frozen.describe()}")
   return frozen
+
+
+def load_judge(config: Any, ctx: Context, log: Callable[[str], Any] = print) -> Any:
+  """`config.judge` on the mesh with its own tokenizer (a Hugging Face folder's, with its chat template when it has
+  one; else the run's): a `rl_lm.rewards.judge.JudgeModel`."""
+  from rl_lm import tokenizer as tokenizer_lib
+  from rl_lm.rewards.judge import JudgeModel
+
+  j = config.judge
+  frozen = load(config, ctx, log, "judge")
+  tok = ctx.tokenizer
+  if j.hf_checkpoint:
+    try:
+      tok = tokenizer_lib.HFTokenizer(j.hf_checkpoint, chat=True)
+    except tokenizer_lib.TokenizerError:  # no chat template: the rubric as plain text
+      tok = tokenizer_lib.HFTokenizer(j.hf_checkpoint)
+  if tok.vocab_size > frozen.model_cfg.vocab_size:
+    raise ConfigError("config.judge", f"its tokenizer has {tok.vocab_size} ids, its model only "
+                      f"{frozen.model_cfg.vocab_size}")
+  return JudgeModel(frozen.model_cfg, frozen.params, tok, j.rows, j.max_len, ctx.mesh, ctx.rules)
