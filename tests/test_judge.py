@@ -1,6 +1,8 @@
 """The LLM judge's verdicts from its next-token distribution (rl_lm/rewards/judge.py): pointwise expectations by
 hand, off-scale answers masked, the pairwise average invariant to swapping the pair, position bias measured."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,7 +151,7 @@ def test_pairwise_judge_reward_is_swap_invariant_and_reports_its_position_bias()
   results = reward.batch(problems, texts)
   np.testing.assert_allclose([r.score for r in results], ab.p_first, atol=1e-6)
   assert set(reward.stats) == {"judge/first_rate", "judge/flip_rate", "judge/invalid_frac", "judge/unreadable_frac"}
-  assert reward.summary().startswith("judge: position bias over 5 pairs: picks the answer shown first")
+  assert reward.summary().startswith("judge: position bias over 15 pairs: picks the answer shown first")  # 3 x 5
   with pytest.raises(ValueError, match="reference"):
     reward.batch([Problem("q", "1+1=", "2")], ["2"])
 
@@ -199,3 +201,65 @@ def test_an_rl_step_on_the_judge_reward_counts_and_alarms_on_its_failures(tmp_pa
       assert any(line.startswith("ALARM") and "rollout/invalid_frac" in line for line in lines), lines
     else:
       assert 0.0 < metrics[0]["rollout/reward_mean"] < 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# RLAIF: preference pairs labelled by the pairwise judge
+
+
+class _ShorterJudge:
+  """A judge double that prefers the shorter response (P 0.9), cannot decide pair "undecided" and calls ties 0.5."""
+
+  def prefer(self, prompts, a, b):
+    p = np.asarray([0.5 if len(x) == len(y) else 0.9 if len(x) < len(y) else 0.1 for x, y in zip(a, b, strict=True)])
+    valid = np.asarray([q != "undecided:" for q in prompts])
+    return judge.Pairwise(p.astype(np.float32), p.astype(np.float32), p.astype(np.float32), valid), ["ok"] * len(a)
+
+
+def test_relabelling_by_a_judge_by_hand():
+  from rl_lm.tasks.preferences import PreferencePair
+  from rl_lm.train import pairs as pairs_lib
+
+  pairs = [PreferencePair("a:", "aa", "aaaa", "0", 1.0, 0.0),  # the judge keeps it; agrees with the gold
+           PreferencePair("b:", "bbbb", "bb", "1", 1.0, 0.0),  # the judge swaps it; now disagrees with the gold
+           PreferencePair("c:", "cc", "ccc", "2", 0.0, 1.0),  # kept; the given label was against the gold
+           PreferencePair("undecided:", "x", "yy", "3", 1.0, 0.0),  # invalid verdict: dropped
+           PreferencePair("tie:", "xy", "yx", "4", 1.0, 0.0)]  # P = 0.5: dropped
+  out, stats = pairs_lib.relabel(pairs, _ShorterJudge())
+  assert [(q.chosen, q.rejected) for q in out] == [("aa", "aaaa"), ("bb", "bbbb"), ("cc", "ccc")]
+  assert (out[1].gold_chosen, out[1].gold_rejected) == (0.0, 1.0)  # the gold travels with its response
+  assert stats["judge/pairs"] == 3 and stats["judge/dropped"] == 2
+  assert stats["judge/agreement_given"] == pytest.approx(2 / 3)
+  assert stats["judge/agreement_gold"] == pytest.approx(1 / 3)
+  assert stats["judge/longer_rate"] == 0.0  # it always picks the shorter
+  assert stats["judge/gold_longer_rate"] == pytest.approx(2 / 3)  # the gold: b and c's longer sides
+
+
+def test_reward_model_pairs_come_labelled_by_the_judge_under_rlaif(tmp_path):
+  """`preferences.labeller = "judge"`: the reward model's training pairs are the judge's labels (a real tiny
+  judge), undecided pairs dropped, the agreement and biases logged and written; the held-out pairs unchanged."""
+  from configs import rlhf_ppo
+  from rl_lm.checkpoint import Checkpointer
+  from rl_lm.train import pairs as pairs_lib
+  from rl_lm.train.context import make_context
+  from rl_lm.train.source import task_from_config
+
+  config = rlhf_ppo.get_config("smoke")
+  config.preferences.train_pairs, config.preferences.eval_pairs = 40, 8
+  ctx = make_context(config, str(tmp_path))
+  with Checkpointer(str(tmp_path / "judge")) as ckpt:
+    ckpt.save(1, {"params": jax.device_get(ctx.policy)})
+  config.preferences.labeller, config.judge.init_from = "judge", str(tmp_path / "judge")
+  config.judge.min_mass, config.judge.rows = 0.0, 16
+  config.judge.compare = "{prompt} 1:{first} 2:{second} ="
+  task = task_from_config(config)
+  given, held_out = pairs_lib.load(config, task)
+  lines: list[str] = []
+  labelled, eval_pairs = pairs_lib.load_for_stage(ctx, task, "reward_model", lines.append)
+  assert eval_pairs == held_out
+  stats = json.loads((tmp_path / "judge_labels.json").read_text())
+  assert stats["judge/pairs"] == len(labelled) and stats["judge/pairs"] + stats["judge/dropped"] == len(given)
+  assert 0.0 <= stats["judge/agreement_gold"] <= 1.0 and 0.0 <= stats["judge/first_rate"] <= 1.0
+  by_id = {q.id: q for q in given}
+  assert all({q.chosen, q.rejected} == {by_id[q.id].chosen, by_id[q.id].rejected} for q in labelled)
+  assert any(line.startswith("reward_model: AI labels:") and "position bias" in line for line in lines), lines

@@ -151,6 +151,6 @@ def test_distillation_runs_end_to_end(tmp_path, jax_cache_env):
   assert sorted(arms) == ["offpolicy", "onpolicy"] and [p["step"] for p in arms["offpolicy"]] == [0, 20]
   assert arms["onpolicy"][0]["step"] == 0 and arms["onpolicy"][-1]["tokens"] > 0
   log = (tmp_path / "seed0" / "onpolicy" / "log.txt").read_text()
-  assert "rl: teacher" in log and "seed0/teacher/checkpoints/rl" in log
+  assert "teacher: " in log and "seed0/teacher/checkpoints/rl" in log
   assert (tmp_path / "seed0" / "offpolicy" / "teacher_samples.jsonl").exists()
   assert (tmp_path / "distill.png").stat().st_size > 10_000 and "steps to 90%" in run.stdout

@@ -87,6 +87,9 @@ def check(config: Any, num_devices: int) -> None:
       _require(p.source != "synthetic" or c.task.name == "preferences", "config.preferences.source",
                f"synthetic pairs come from task 'preferences', but config.task.name is {c.task.name!r}")
       rows[f"config.{stage}.batch_size"] = c[stage].batch_size
+      _require(p.labeller != "judge" or bool(c.judge.init_from or c.judge.hf_checkpoint),
+               "config.preferences.labeller", "'judge' labels the pairs with config.judge: set judge.init_from or "
+               "judge.hf_checkpoint")
       lengths["config.preferences.max_len"] = ("preferences.max_len", p.max_len)
   if "rl" in stages:
     r = c.rl

@@ -138,11 +138,12 @@ class Teacher(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Judge(Section):
-  """An LLM judge for the rewards "judge" (pointwise) and "judge_pairwise" (rl_lm/rewards/judge.py): a frozen
+  """An LLM judge for the rewards "judge" (pointwise) and "judge_pairwise" (rl_lm/rewards/judge.py) and for AI
+  preference labels (`preferences.labeller = "judge"`, rl_lm/train/pairs.py): a frozen
   model on the mesh, loaded like the teacher, with its own tokenizer (a Hugging Face folder's, or the run's for an
   rl_lm checkpoint): the texts are re-tokenised for it. Its verdict is read from its next-token distribution."""
 
-  KEY, STAGES = "judge", ("rl",)
+  KEY, STAGES = "judge", ("rl", "reward_model", "dpo")
   init_from: str = knob("", folder)  # an rl_lm checkpoint folder holding "params"
   preset: str = ""  # the checkpoint's preset; "": model.preset
   hf_checkpoint: str = knob("", folder)  # or a Hugging Face folder (its config.json, weights and tokenizer)

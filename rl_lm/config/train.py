@@ -86,6 +86,8 @@ class Preferences(Section):
   train_pairs: int = knob(4000, "(0, inf)")  # synthetic: pairs drawn on training prompts
   eval_pairs: int = knob(500, "(0, inf)")  # held-out pairs (synthetic: held-out prompts; JSONL: the file's last lines)
   label_noise: float = knob(0.0, "[0, 0.5]")  # synthetic: probability that a Bradley-Terry label is flipped
+  labeller: str = knob("given", ("given", "judge"))  # the training pairs' labels: the source's, or the pairwise
+  #                                                   LLM judge's (RLAIF; config.judge), held-out pairs unchanged
   beta: float = knob(100.0, "(0, inf)")  # synthetic: Bradley-Terry temperature of the labeller on the gold score
   max_len: int = knob(24, "(0, inf)")  # bos + prompt + completion + eos, right-padded
 

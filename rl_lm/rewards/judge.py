@@ -235,13 +235,17 @@ class PairwiseJudge:
     return self.batch([problem], [completion])[0]
 
   def prefer(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str]) -> tuple[Pairwise, list[str]]:
-    """P(a > b) for each pair, and each pair's status (the worse of its two orders')."""
+    """P(a > b) for each pair, and each pair's status (the worse of its two orders'); the position bias is added
+    to the run's totals (`summary`)."""
     n = len(prompts)
     texts = [self.compare.format(prompt=q, first=x, second=y) for q, x, y in zip(prompts, a, b, strict=True)]
     texts += [self.compare.format(prompt=q, first=y, second=x) for q, x, y in zip(prompts, a, b, strict=True)]
     logp, status = self.judge.answer_logprobs(texts, [self.one, self.two])
     both = [s1 if s1 != "ok" else s2 for s1, s2 in zip(status[:n], status[n:], strict=True)]
-    return pairwise(logp[:n], logp[n:], 0, 1, self.min_mass), both
+    verdict = pairwise(logp[:n], logp[n:], 0, 1, self.min_mass)
+    bias, valid = position_bias(verdict), float(np.sum(verdict.valid))
+    self.totals += (valid, bias["judge/first_rate"] * valid, bias["judge/flip_rate"] * valid)
+    return verdict, both
 
   def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
     missing = [p.id for p in problems if not p.reference]
@@ -252,6 +256,4 @@ class PairwiseJudge:
                     {"q_a_first": float(verdict.q_a_first[i]), "q_b_first": float(verdict.q_b_first[i])},
                     f"under {self.min_mass} of the mass on the two choices") for i, s in enumerate(status)]
     self.stats = {**position_bias(verdict), **_stats(out)}
-    n = float(np.sum(verdict.valid))
-    self.totals += (n, self.stats["judge/first_rate"] * n, self.stats["judge/flip_rate"] * n)
     return out

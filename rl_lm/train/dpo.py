@@ -129,7 +129,7 @@ def train(ctx: Context, task: Any, log: Any = print) -> dict[str, float]:
     if run.complete:
       return {}
     reference = stage_run.frozen_copy(ctx.policy)
-    train_pairs, _ = pairs_lib.load(config, task)
+    train_pairs, _ = pairs_lib.load_for_stage(ctx, task, "dpo", run.log)
     data = pairs_lib.encode(ctx.tokenizer, train_pairs, config.preferences.max_len)
     data.pop("truncated")
     data.update(reference_logprobs(ctx, reference, data, cfg.batch_size))

@@ -136,7 +136,7 @@ def train(ctx: Context, task: Any, log: Any = print) -> RewardModel:
     if run.complete:
       ctx.reward_model = RewardModel(params, float(extra.get("reward_offset", 0.0)))
       return ctx.reward_model
-    train_pairs, eval_pairs = pairs_lib.load(config, task)
+    train_pairs, eval_pairs = pairs_lib.load_for_stage(ctx, task, "reward_model", run.log)
     max_len = config.preferences.max_len
     train_data, eval_data = pairs_lib.encode(ctx.tokenizer, train_pairs, max_len), pairs_lib.encode(
       ctx.tokenizer, eval_pairs, max_len)

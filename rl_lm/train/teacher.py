@@ -95,7 +95,7 @@ def load(config: Any, ctx: Context, log: Callable[[str], Any] = print, section: 
   leaves = jax.tree.leaves(params)
   frozen = Frozen(cfg, params, source, sum(x.size for x in leaves), sum(x.nbytes for x in leaves),
                   sum(x.addressable_shards[0].data.nbytes for x in leaves))
-  stage_run.speaker(log)(f"rl: {section} {frozen.describe()}")
+  stage_run.speaker(log)(f"{section}: {frozen.describe()}")
   return frozen
 
 
