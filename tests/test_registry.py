@@ -198,7 +198,7 @@ def test_a_registered_stage_is_a_config_choice_and_what_main_runs(scratch):
   config_lib.validate(_config(("sample", "test_stage")), num_devices=1)
   assert stages.STAGES["test_stage"] is test_stage  # rl_lm.main runs STAGES[name](ctx)
   message = _rejected(_config(("sample", "fly")), "config.stages[1]")
-  known = "dpo, reward_model, rl, sample, sft, teacher_sft, test_stage"
+  known = "cai_sft, dpo, reward_model, rl, sample, sft, teacher_sft, test_stage"
   assert message.endswith(f"unknown stage 'fly'; known stages: {known}")
   with pytest.raises(ValueError, match="stage 'rl' is already registered"):
     stages.register("rl")(test_stage)

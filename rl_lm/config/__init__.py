@@ -19,10 +19,10 @@ from rl_lm.config.flags import explain_flag_error
 from rl_lm.config.rl import AlarmConfig, CurriculumConfig, Env, Eval, Judge, Rl, Teacher
 from rl_lm.config.run import DTYPES, WANDB_MODES, Checkpoint, Logging, Mesh, Model, Run, Sample, Sampling
 from rl_lm.config.section import ConfigError, Section
-from rl_lm.config.train import Dpo, Preferences, Reward, RewardModel, Sft, Task
+from rl_lm.config.train import Cai, Dpo, Preferences, Reward, RewardModel, Sft, Task
 
 # The top-level fields (Run) and then each top-level section; nested ones (rl.kl, ...) come with their parent.
-SECTIONS: tuple[type[Section], ...] = (Run, Checkpoint, Logging, Model, Mesh, Sampling, Sample, Task, Reward, Sft,
+SECTIONS: tuple[type[Section], ...] = (Run, Checkpoint, Logging, Model, Mesh, Sampling, Sample, Task, Reward, Sft, Cai,
                                        Preferences, RewardModel, Dpo, Rl, Teacher, Judge, Env, Eval)
 # Float fields that may be +inf (their comment says what inf means); every other float must be finite.
 ALLOW_INF = frozenset(key for cls in SECTIONS for key in cls.inf_keys())

@@ -66,7 +66,7 @@ class Reward(Section):
 class Sft(Section):
   """The "sft" stage: next-token loss on reference completions."""
 
-  KEY, STAGES = "sft", ("sft", "teacher_sft")
+  KEY, STAGES = "sft", ("sft", "teacher_sft", "cai_sft")
   steps: int = knob(300, "(0, inf)")
   batch_size: int = knob(64, "(0, inf)")
   max_len: int = knob(48, "(0, inf)")  # bos + prompt + target + eos, right-padded
@@ -75,6 +75,23 @@ class Sft(Section):
   weight_decay: float = knob(0.0, "[0, inf)")
   log_every: int = knob(50, "(0, inf)")
   init_from: str = knob("", folder)  # a checkpoint folder (<run>/checkpoints/<stage>, or one step in it) to start from
+
+
+@dataclasses.dataclass(frozen=True)
+class Cai(Section):
+  """The "cai_sft" stage (rl_lm/train/constitution.py): answer, critique against a principle, revise; SFT on the
+  revisions with `config.sft`; compliance measured before and after by the principles' checks."""
+
+  KEY, STAGES = "cai", ("cai_sft",)
+  constitution: str = ""  # a JSON file of principles; "": the built-in rl_lm/train/constitution.json
+  prompts: int = knob(50, "(0, inf)")  # training prompts answered, critiqued and revised (one transcript each)
+  eval_prompts: int = knob(100, "(0, inf)")  # held-out prompts whose answers' compliance is measured
+  max_prompt_len: int = knob(256, "(0, inf)")  # tokens of a critique or revision prompt (longer: no transcript)
+  max_new_tokens: int = knob(48, "(0, inf)")  # tokens of a critique or a revision
+
+  def check(self) -> None:
+    self.require(not self.constitution or os.path.isfile(self.constitution), "constitution",
+                 f"no such file {self.constitution!r}")
 
 
 @dataclasses.dataclass(frozen=True)

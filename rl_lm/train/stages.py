@@ -52,6 +52,14 @@ def _teacher_sft(ctx: Context) -> Any:
   return offpolicy.train(ctx, source.task_from_config(ctx.config))
 
 
+@register("cai_sft")
+def _cai_sft(ctx: Context) -> Any:
+  """Constitutional AI, supervised: SFT on the policy's own critiqued revisions (rl_lm/train/constitution.py)."""
+  from rl_lm.train import constitution, source
+
+  return constitution.train(ctx, source.task_from_config(ctx.config))
+
+
 @register("reward_model")
 def _reward_model(ctx: Context) -> Any:
   from rl_lm.train import reward_model, source
