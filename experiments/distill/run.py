@@ -10,6 +10,8 @@ Per seed s (every run in <workdir>/seed<s>/<arm>, its output in its log.txt):
    - `rl`: the default's RL stage again, held-out evaluations every 10 steps (the teacher's own curve);
    - `onpolicy`: `configs/distill.py`, the per-token reverse-KL reward alone, evaluations every 10 steps;
    - `mixed`: `configs/distill.py:mixed`, the distillation reward beside the verifier's advantage;
+   - `gkd`: `configs/distill.py:gkd`, the generalised JSD (beta 0.5) as a loss, half the steps on the teacher's
+     samples (lambda 0.5);
    - `offpolicy`: `configs/distill.py:offpolicy`, SFT on 4 teacher samples of each training problem
      (`sft.steps` of it), evaluated before and after.
 3. `distill.json` (every curve) and `distill.png` (held-out pass@1 against steps and against the student's sampled
@@ -34,6 +36,7 @@ ARMS = {  # name -> (config, extra overrides)
   "rl": ("default.py", ("--config.eval.every=10",)),
   "onpolicy": ("distill.py", ("--config.eval.every=10",)),
   "mixed": ("distill.py:mixed", ("--config.eval.every=10",)),
+  "gkd": ("distill.py:gkd", ("--config.eval.every=10",)),
   "offpolicy": ("distill.py:offpolicy", ()),
 }
 SHARE = 0.9  # of the teacher's held-out pass@1
@@ -82,7 +85,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-  colours = dict(zip(ARMS, ("C0", "C1", "C2", "C3"), strict=True))
+  colours = dict(zip(ARMS, ("C0", "C1", "C2", "C4", "C3"), strict=True))
   for seed, runs in results["seeds"].items():
     for arm, points in runs["arms"].items():
       label = arm if seed == min(results["seeds"]) else None
