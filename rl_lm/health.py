@@ -169,8 +169,10 @@ class Monitor:
     self._active: set[str] = set()  # rules reported and not cleared since
     self.records: dict[str, dict[str, Any]] = {}  # rule name -> what the summary says about it
 
-  def update(self, step: int, metrics: Metrics) -> list[str]:
-    """The lines to print for this step: rules that just reached `patience` steps, and non-finite metrics."""
+  def update(self, step: int, metrics: Metrics, rules: bool = True) -> list[str]:
+    """The lines to print for this step: rules that just reached `patience` steps, and non-finite metrics.
+    `rules` False: the non-finite check alone, the rules' streaks left as they were (a step whose rollout is not
+    the policy's: on-policy distillation's steps on the teacher's samples)."""
     m, cfg = _floats(metrics), self.cfg
     lines = []
     if cfg.check_finite:
@@ -180,7 +182,7 @@ class Monitor:
         self._record("non_finite", "alarm", step, ", ".join(bad), math.nan, "non-finite metrics",
                      "a NaN or inf in the loss or the gradients: the update diverged or a reward is broken", 1)
     stale = _get(m, "offpolicy/staleness_max", 0.0) > 0
-    for r in RULES:
+    for r in RULES if rules else ():
       if not r.holds(m, cfg, stale):
         self._streak[r.name] = 0
         self._active.discard(r.name)

@@ -122,3 +122,12 @@ def test_the_alarm_set_runs_end_to_end_on_smoke_variants(tmp_path, jax_cache_env
     assert "health" in json.loads((tmp_path / name / "rl_summary.json").read_text())
   log = (tmp_path / "fail_length" / "log.txt").read_text()
   assert "experiments/alarms/length_bug.py" in log and "run health:" in log
+
+
+def test_a_step_without_rules_checks_finiteness_and_keeps_the_streaks():
+  """On-policy distillation's steps on the teacher's samples: no rule counts them, a NaN still alarms."""
+  monitor = health.Monitor(AlarmConfig(patience=2))
+  high = {"policy/kl_ref_k1": 5.0}
+  assert monitor.update(1, high) == []
+  assert monitor.update(2, {"train/loss": float("nan")}, rules=False)[0].startswith("ALARM step 2: non-finite")
+  assert any("policy/kl_ref_k1" in line for line in monitor.update(3, high))  # the streak went on: 2 steps

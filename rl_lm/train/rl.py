@@ -258,7 +258,7 @@ class RLTrainer:
       writer.write(step, metrics)
       if main:
         progress.update(step, metrics)
-        for line in self.health.update(step, metrics) if not metrics.get("distill/teacher_step") else ():
+        for line in self.health.update(step, metrics, rules=not metrics.get("distill/teacher_step")):
           progress.log(line)  # alarms and notes, once a condition held `patience` steps (on the student's samples)
       if stage.due(step):
         self._save(stage, step, before, curves)
