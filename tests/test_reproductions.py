@@ -154,3 +154,20 @@ def test_distillation_runs_end_to_end(tmp_path, jax_cache_env):
   assert "teacher: " in log and "seed0/teacher/checkpoints/rl" in log
   assert (tmp_path / "seed0" / "offpolicy" / "teacher_samples.jsonl").exists()
   assert (tmp_path / "distill.png").stat().st_size > 10_000 and "steps to 90%" in run.stdout
+
+
+@pytest.mark.slow
+def test_rlaif_runs_end_to_end(tmp_path, jax_cache_env):
+  """One seed: the judge, its measurement on held-out pairs, PPO on a reward model of its labels and on its direct
+  score (the gold measured beside the proxy); the table, JSON and plot."""
+  run = _run(["experiments.rlaif.run", "--smoke", "--seeds=0", "--arms=ai_labels,direct"], tmp_path, jax_cache_env)
+  result = json.loads((tmp_path / "rlaif.json").read_text())["seeds"]["0"]
+  assert set(result["judge"]) >= {"judge/agreement_gold", "judge/first_rate", "judge/flip_rate", "judge/longer_rate"}
+  assert sorted(result["arms"]) == ["ai_labels", "direct"]
+  for arm in ("ai_labels", "direct"):
+    steps = result["arms"][arm]
+    assert len(steps) == 3 and all(np.isfinite(p["gold"]) and np.isfinite(p["proxy"]) for p in steps), steps
+  labels = json.loads((tmp_path / "seed0" / "ai_labels" / "judge_labels.json").read_text())
+  assert labels["judge/pairs"] + labels["judge/dropped"] == 256
+  assert "position bias over" in (tmp_path / "seed0" / "direct" / "log.txt").read_text()
+  assert (tmp_path / "rlaif.png").stat().st_size > 10_000 and "held-out gold after PPO" in run.stdout

@@ -49,6 +49,8 @@ class Reward(Section):
   learned: bool = False  # RL trains on the reward model (reward_model stage or model_checkpoint); the rewards
   #                        in `weights` are then measured beside it as the gold reward, never trained on
   model_checkpoint: str = ""  # a reward_model checkpoint folder; "": the reward_model stage of this run
+  gold: dict[str, float] = dataclasses.field(default_factory=dict)  # rewards measured beside `weights`, never
+  #                        trained on (rollout/gold_mean): the gold behind an LLM judge's reward
   success_threshold: float = 1.0  # an episode with score >= this counts as solved (pass rate, curriculum)
 
   def check(self) -> None:
@@ -58,6 +60,12 @@ class Reward(Section):
       problem = unknown(name)
       self.require(problem is None, f"weights.{name}", problem)
       self.require(isinstance(weight, (int, float)), f"weights.{name}", f"weight must be a number, got {weight!r}")
+    for name, weight in self.gold.items():
+      problem = unknown(name)
+      self.require(problem is None, f"gold.{name}", problem)
+      self.require(isinstance(weight, (int, float)), f"gold.{name}", f"weight must be a number, got {weight!r}")
+    self.require(not (self.gold and self.learned), "gold", "with learned = True the rewards in `weights` are "
+                 "already the gold, measured beside the reward model")
     missing = folder(self.model_checkpoint)
     self.require(not self.learned or missing is None, "model_checkpoint", missing)
 

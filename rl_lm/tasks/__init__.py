@@ -1,4 +1,5 @@
-"""Tasks: built-in arithmetic (the default), products (for the calculator), GSM8K, HumanEval, synthetic preferences.
+"""Tasks: built-in arithmetic (the default), products (for the calculator), GSM8K, HumanEval, synthetic preferences
+and the demonstrations of a judge of them (judge_pairs).
 
 Tasks are registered by name in `TASKS` (rl_lm/registry.py), which makes the name a valid `config.task.name`:
 
@@ -19,6 +20,7 @@ from rl_lm.tasks.arithmetic import ArithmeticTask
 from rl_lm.tasks.base import Problem, Task
 from rl_lm.tasks.gsm8k import GSM8KTask
 from rl_lm.tasks.humaneval import HumanEvalTask
+from rl_lm.tasks.judge_pairs import JudgePairs
 from rl_lm.tasks.preferences import SyntheticPreferences
 from rl_lm.tasks.products import ProductsTask
 
@@ -33,6 +35,7 @@ def register(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
 register("arithmetic")(ArithmeticTask)
 register("gsm8k")(GSM8KTask)
 register("humaneval")(HumanEvalTask)
+register("judge_pairs")(JudgePairs)
 register("preferences")(SyntheticPreferences)
 register("products")(ProductsTask)
 
@@ -43,6 +46,6 @@ def make_task(name: str, **options: Any) -> Task:
 
 
 __all__ = [
-  "ArithmeticTask", "GSM8KTask", "HumanEvalTask", "Problem", "ProductsTask", "SyntheticPreferences", "Task", "TASKS",
-  "make_task", "register",
+  "ArithmeticTask", "GSM8KTask", "HumanEvalTask", "JudgePairs", "Problem", "ProductsTask", "SyntheticPreferences",
+  "Task", "TASKS", "make_task", "register",
 ]

@@ -176,9 +176,10 @@ class RLTrainer:
       result = self.source.agent.evaluate(params, self.test_problems, cfg.num_samples, cfg.greedy, self.held_out.key)
     else:
       result = self.held_out.evaluate(params, sampled)
-    if self.source.learned is not None:  # the gold the learned reward stands in for, on the same samples
+    gold = self.source.reward if self.source.learned is not None else self.source.gold
+    if gold is not None:  # the gold the learned reward (or a judge) stands in for, on the same samples
       by_prompt = {p.prompt: p for p in self.test_problems}
-      scored = self.source.reward.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])
+      scored = gold.batch([by_prompt[p] for p, _ in sampled], [t for _, t in sampled])
       valid = [r.score for r in scored if r.valid]
       if valid:
         result.extra["gold_mean"] = float(np.mean(valid))

@@ -3,7 +3,8 @@
 `RolloutSource.next(step, version)` returns the step's scored `RolloutBatch` (rl_lm/rollout/batch.py). It owns
 everything between the policy's parameters and `prepare`:
 - what the policy is scored on: a task's prompts, one completion each, scored by the configured rewards (or a
-  learned reward model, the configured rewards measured beside it as the gold); or, with `config.env.name`, an
+  learned reward model, the configured rewards measured beside it as the gold; `reward.gold` measures a gold beside
+  configured rewards that are a proxy, an LLM judge's); or, with `config.env.name`, an
   environment's multi-turn episodes, scored by their returns (rl_lm/train/agent.py). The two produce the same
   batch, so everything below works for both;
 - the curriculum that draws the prompts, and learns from every rollout drawn;
@@ -52,6 +53,9 @@ def task_from_config(config: Any) -> Task:
   if t.name == "products":
     return make_task("products", digits=t.digits, test_fraction=t.test_fraction, tool_demos=t.tool_demos,
                      seed=config.seed)
+  if t.name == "judge_pairs":
+    return make_task("judge_pairs", seed=config.seed, test_fraction=t.test_fraction,
+                     pairs=config.preferences.train_pairs, compare=config.judge.compare, choices=config.judge.choices)
   if t.name == "preferences":
     return make_task("preferences", seed=config.seed, test_fraction=t.test_fraction, beta=config.preferences.beta)
   options: dict[str, Any] = {}
@@ -101,6 +105,8 @@ class RolloutSource:
       options = {"judge": dict(judge=self.judge, rubric=j.rubric, scale=j.scale, min_mass=j.min_mass),
                  "judge_pairwise": dict(judge=self.judge, compare=j.compare, choices=j.choices, min_mass=j.min_mass)}
     self.reward = build_reward(dict(config.reward.weights), options)
+    # The gold measured beside what trains: the configured rewards under a learned reward, else `reward.gold`.
+    self.gold = build_reward(dict(config.reward.gold)) if config.reward.gold else None
     tok = ctx.tokenizer
     self.scfg = sampling.config_from(config.sampling, tok)
     self.sampler = Sampler(ctx.model_cfg, self.scfg, tok, ctx.mesh, ctx.rules, rl.max_prompt_len, self.B,
@@ -181,6 +187,9 @@ class RolloutSource:
                                                          rollout.prompt_mask | rollout.completion_mask)  # on device
         scores = (mesh_lib.fetch(proxy) - self.learned.offset).astype(np.float32)
         valid = np.ones_like(valid)
+      elif self.gold is not None:  # train on the configured rewards (a judge's); the gold measured beside them
+        measured = self.gold.batch(batch.problems, texts)
+        gold = np.asarray([r.score if r.valid else np.nan for r in measured], np.float32)
       if self.rl.overlong == "penalty":
         scores = scores + overlong_penalty(host["lengths"], host["finished"], self.N, self.rl.overlong_buffer,
                                            self.rl.overlong_penalty)
@@ -261,8 +270,8 @@ class RolloutSource:
     and the episodes' (multi-turn)."""
     host = batch.host
     out = {}
-    if self.learned is not None:
-      out["rollout/proxy_mean"] = float(np.mean(host.scores))
+    if host.gold is not None:  # what trains is a proxy (a reward model, a judge): the gold beside it
+      out["rollout/proxy_mean"] = float(np.mean(host.scores[host.valid])) if host.valid.any() else float("nan")
       out["rollout/gold_mean"] = float(np.nanmean(host.gold)) if np.isfinite(host.gold).any() else float("nan")
     out["offpolicy/staleness_mean"] = float(np.mean(host.staleness))
     out["offpolicy/staleness_max"] = float(np.max(host.staleness))
