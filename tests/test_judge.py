@@ -263,3 +263,34 @@ def test_reward_model_pairs_come_labelled_by_the_judge_under_rlaif(tmp_path):
   by_id = {q.id: q for q in given}
   assert all({q.chosen, q.rejected} == {by_id[q.id].chosen, by_id[q.id].rejected} for q in labelled)
   assert any(line.startswith("reward_model: AI labels:") and "position bias" in line for line in lines), lines
+
+
+def test_judge_pairs_teach_both_orders_by_the_gold():
+  from rl_lm.tasks import make_task
+
+  task = make_task("judge_pairs", seed=0, pairs=20, compare="{prompt} 1:{first} 2:{second} better:", choices="12")
+  train = list(task.train_problems())
+  assert len(train) == 40 and {p.reference for p in train} == {"1", "2"}
+  by_pair: dict[str, list] = {}
+  for p in train:
+    by_pair.setdefault(p.id.rsplit("-", 1)[0], []).append(p)
+  from rl_lm.tasks.preferences import gold_score
+
+  for first, second in (sorted(v, key=lambda p: p.id) for v in by_pair.values()):
+    assert (first.reference, second.reference) == ("1", "2")  # the better side shown first, then second
+    prompt, rest = first.prompt.split(" 1:", 1)
+    better, worse = rest.removesuffix(" better:").split(" 2:")
+    assert gold_score(prompt, better) > gold_score(prompt, worse)
+    assert second.prompt == f"{prompt} 1:{worse} 2:{better} better:"
+  assert task.reference_completion(train[0]) == train[0].reference and len(task.test_problems(None)) == 40
+
+
+def test_a_gold_beside_the_trained_rewards_is_refused_with_a_learned_reward():
+  config = config_lib.base_config()
+  config.stages, config.reward.learned = ("rl",), True
+  config.reward.gold = {"correctness": 1.0}
+  with pytest.raises(ConfigError, match="config.reward.gold: with learned = True"):
+    config_lib.validate(config, num_devices=1)
+  config.reward.learned, config.reward.gold = False, {"nope": 1.0}
+  with pytest.raises(ConfigError, match="config.reward.gold.nope"):
+    config_lib.validate(config, num_devices=1)
