@@ -126,6 +126,9 @@ def test_a_judge_that_cannot_decide_masks_its_rows_never_scores_them_0():
   assert [r.status for r in out] == ["ok", "judge_overlong", "judge_unreadable"]
   assert all(r.valid for r in out) and out[1].score == out[2].score == 0.0
   assert reward.stats == {"judge/invalid_frac": 0.0, "judge/unreadable_frac": pytest.approx(2 / 3)}
+  long_question = [Problem("q", "9" * 50 + "=", "9")]  # too long for the judge even without an answer: the setup's
+  assert [r.status for r in reward.batch(long_question, ["9"])] == ["judge_error"]
+  assert not reward.batch(long_question, ["9"])[0].valid
   strict = make_reward("judge", judge=model, rubric="Q {prompt} A {completion} Score:", scale="123", min_mass=0.99)
   assert {r.status for r in strict.batch(problems, ["2", "1", "4"])} == {"judge_invalid"}
   assert strict.stats["judge/invalid_frac"] == 1.0

@@ -25,7 +25,8 @@ time. A row the judge cannot decide is masked and counted, never scored 0: "judg
 the answer tokens: an answer off the scale) and "judge_error" (a non-finite output). A completion the judge cannot
 read is the completion's doing and scores 0, valid, counted: "judge_overlong" (its prompt does not fit `max_len`
 tokens) and "judge_unreadable" (a character the judge's tokenizer cannot encode); masking those would let a policy
-escape a low score by writing long or strange text. The verdict math runs on the host, in numpy, on the answer
+escape a low score by writing long or strange text. When the prompt does not fit or encode even with an empty
+completion, the setup is at fault: "judge_error", masked. The verdict math runs on the host, in numpy, on the answer
 tokens' log-probs the device sends back ([n, K] a batch).
 """
 
@@ -170,12 +171,25 @@ UNREADABLE = {"judge_overlong": "the judge's prompt does not fit judge.max_len t
               "judge_unreadable": "the judge's tokenizer cannot encode the text"}  # the completion's doing: a valid 0
 
 
+def _own_fault(judge: JudgeModel, status: list[str], empty: Sequence[str]) -> list[str]:
+  """A prompt too long or unreadable only with the completion in it is the completion's doing; one that is so
+  with an empty completion is the setup's (the question, the template or judge.max_len): "judge_error", masked."""
+  out = list(status)
+  for i, s in enumerate(status):
+    if s in UNREADABLE:
+      ids = judge.encode(empty[i])
+      if ids is None or len(ids) > judge.max_len:
+        out[i] = "judge_error"
+  return out
+
+
 def _verdict(status: str, valid: bool, score: float, info: dict[str, float], detail: str) -> RewardResult:
   """The reward of one row: the judge's score; 0 for a text it cannot read; masked where the judge failed."""
   if status in UNREADABLE:
     return RewardResult(0.0, status, {"judge": UNREADABLE[status]}, valid=True)
   if status != "ok":
-    return RewardResult(0.0, status, {"judge": "a non-finite log-prob"}, valid=False)
+    return RewardResult(0.0, status, {"judge": "a non-finite log-prob, or a prompt too long or unreadable without "
+                                      "the completion"}, valid=False)
   if not valid:
     return RewardResult(0.0, "judge_invalid", {"judge": detail}, valid=False)
   return RewardResult(score, "ok", info)
@@ -204,6 +218,7 @@ class PointwiseJudge:
   def batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardResult]:
     prompts = [self.rubric.format(prompt=p.prompt, completion=c) for p, c in zip(problems, completions, strict=True)]
     logp, status = self.judge.answer_logprobs(prompts, self.ids)
+    status = _own_fault(self.judge, status, [self.rubric.format(prompt=p.prompt, completion="") for p in problems])
     verdict = pointwise(logp, np.arange(len(self.ids)), self.values, self.min_mass)
     out = [_verdict(s, bool(verdict.valid[i]), float(verdict.score[i]), {"mass": float(verdict.mass[i])},
                     f"mass {verdict.mass[i]:.3f} on the scale, below {self.min_mass}") for i, s in enumerate(status)]
@@ -241,6 +256,9 @@ class PairwiseJudge:
     texts = [self.compare.format(prompt=q, first=x, second=y) for q, x, y in zip(prompts, a, b, strict=True)]
     texts += [self.compare.format(prompt=q, first=y, second=x) for q, x, y in zip(prompts, a, b, strict=True)]
     logp, status = self.judge.answer_logprobs(texts, [self.one, self.two])
+    empty = [self.compare.format(prompt=q, first="", second=y) for q, y in zip(prompts, b, strict=True)]
+    empty += [self.compare.format(prompt=q, first=y, second="") for q, y in zip(prompts, b, strict=True)]
+    status = _own_fault(self.judge, status, empty)  # the first side (the completion) emptied in either order
     both = [s1 if s1 != "ok" else s2 for s1, s2 in zip(status[:n], status[n:], strict=True)]
     verdict = pairwise(logp[:n], logp[n:], 0, 1, self.min_mass)
     bias, valid = position_bias(verdict), float(np.sum(verdict.valid))
