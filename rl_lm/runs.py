@@ -39,3 +39,34 @@ def run_main(config: str, workdir: str | os.PathLike, overrides: Sequence[str] =
     log.flush()
     code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, check=False).returncode
   return code, time.monotonic() - start
+
+
+def arm_args(name: str, description: str, arms: Sequence[str], seeds: str) -> tuple[Path, list[int], list[str], bool]:
+  """The command line of an experiment over seeds and arms (--workdir, --seeds, --arms, --smoke): (workdir, seeds,
+  the chosen arms, smoke). An unknown arm exits with one line naming the known ones."""
+  import argparse
+
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--seeds", default=seeds)
+  parser.add_argument("--arms", default=",".join(arms), help=f"a subset of {', '.join(arms)}")
+  parser.add_argument("--smoke", action="store_true", help="seconds-long runs of the smoke variants, for tests")
+  args = parser.parse_args()
+  chosen = args.arms.split(",")
+  unknown = sorted(set(chosen) - set(arms))
+  if unknown:
+    raise SystemExit(f"{name}: unknown arms {unknown}; known: {', '.join(arms)}")
+  return Path(args.workdir), [int(s) for s in args.seeds.split(",")], chosen, args.smoke
+
+
+def run_config(name: str, config: str, workdir: Path, overrides: Sequence[str]) -> None:
+  """`configs/<config>` run to its end in `workdir` (wandb off); a failure exits naming its log."""
+  code, _ = run_main(str(ROOT / "configs" / config), workdir, ["--config.logging.wandb_mode=disabled", *overrides])
+  if code:
+    raise SystemExit(f"{name}: rl_lm.main failed with status {code}; see {workdir}/log.txt")
+
+
+def smoke_variant(config: str) -> str:
+  """"x.py" -> "x.py:smoke", "x.py:v" -> "x.py:v_smoke": a config's seconds-long variant."""
+  stem, _, variant = config.partition(":")
+  return f"{stem}:{variant}_smoke" if variant else f"{stem}:smoke"

@@ -23,14 +23,13 @@ Every evaluation uses the same held-out problems and draws (`rl_lm.train.held_ou
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from rl_lm.runs import ROOT, run_main
+from rl_lm.runs import arm_args, run_config, smoke_variant
 
 ARMS = {  # name -> (config, extra overrides)
   "rl": ("default.py", ("--config.eval.every=10",)),
@@ -43,14 +42,7 @@ SHARE = 0.9  # of the teacher's held-out pass@1
 
 
 def _run(config: str, workdir: Path, overrides: list[str]) -> None:
-  code, _ = run_main(str(ROOT / "configs" / config), workdir, ["--config.logging.wandb_mode=disabled", *overrides])
-  if code:
-    raise SystemExit(f"distill: rl_lm.main failed with status {code}; see {workdir}/log.txt")
-
-
-def _smoke(config: str) -> str:
-  name, _, variant = config.partition(":")
-  return f"{name}:{variant}_smoke" if variant else f"{name}:smoke"
+  run_config("distill", config, workdir, overrides)
 
 
 def curve(run: Path) -> list[dict[str, float]]:
@@ -107,19 +99,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {', '.join(ARMS)}")
-  parser.add_argument("--smoke", action="store_true", help="seconds-long runs of the smoke variants, for tests")
-  args = parser.parse_args()
-  workdir = Path(args.workdir)
-  smoke, chosen = args.smoke, args.arms.split(",")
-  unknown = sorted(set(chosen) - set(ARMS))
-  if unknown:
-    raise SystemExit(f"distill: unknown arms {unknown}; known: {', '.join(ARMS)}")
+  workdir, seeds, chosen, smoke = arm_args("distill", __doc__.splitlines()[0], list(ARMS), "0,1,2")
   results: dict[str, Any] = {"share": SHARE, "seeds": {}}
-  for seed in [int(s) for s in args.seeds.split(",")]:
+  for seed in seeds:
     base = workdir / f"seed{seed}"
     teacher = base / "teacher"
     _run("default.py:smoke" if smoke else "default.py", teacher, [f"--config.seed={seed}"])
@@ -129,7 +111,7 @@ def main() -> None:
       run = base / arm
       if not (run / "checkpoints" / "sft").exists():
         shutil.copytree(teacher / "checkpoints" / "sft", run / "checkpoints" / "sft")
-      _run(_smoke(config) if smoke else config, run,
+      _run(smoke_variant(config) if smoke else config, run,
            [f"--config.seed={seed}", f"--config.teacher.init_from={teacher / 'checkpoints' / 'rl'}", *extra]
            if arm != "rl" else [f"--config.seed={seed}", *extra])
       arms[arm] = curve(run)

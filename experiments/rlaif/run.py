@@ -16,27 +16,19 @@ Per seed s (every run in <workdir>/seed<s>/<arm>, its output in its log.txt; con
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from rl_lm.runs import ROOT, run_main
+from rl_lm.runs import arm_args, run_config, smoke_variant
 
 ARMS = {"gold": "rlaif.py:gold", "noisy": "rlaif.py:noisy", "ai_labels": "rlaif.py", "direct": "rlaif.py:direct"}
 LAST = 10  # training steps averaged for the end-of-run training gold
 
 
 def _run(config: str, workdir: Path, overrides: list[str]) -> None:
-  code, _ = run_main(str(ROOT / "configs" / config), workdir, ["--config.logging.wandb_mode=disabled", *overrides])
-  if code:
-    raise SystemExit(f"rlaif: rl_lm.main failed with status {code}; see {workdir}/log.txt")
-
-
-def _smoke(config: str) -> str:
-  name, _, variant = config.partition(":")
-  return f"{name}:{variant}_smoke" if variant else f"{name}:smoke"
+  run_config("rlaif", config, workdir, overrides)
 
 
 def measure_judge(variant: str | None, judge: Path, seed: int, pairs: int, out: Path) -> dict[str, float]:
@@ -107,18 +99,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--seeds", default="0,1")
-  parser.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {', '.join(ARMS)}")
-  parser.add_argument("--smoke", action="store_true", help="seconds-long runs of the smoke variants, for tests")
-  args = parser.parse_args()
-  workdir, smoke, chosen = Path(args.workdir), args.smoke, args.arms.split(",")
-  unknown = sorted(set(chosen) - set(ARMS))
-  if unknown:
-    raise SystemExit(f"rlaif: unknown arms {unknown}; known: {', '.join(ARMS)}")
+  workdir, seeds, chosen, smoke = arm_args("rlaif", __doc__.splitlines()[0], list(ARMS), "0,1")
   results: dict[str, Any] = {"seeds": {}}
-  for seed in [int(s) for s in args.seeds.split(",")]:
+  for seed in seeds:
     base = workdir / f"seed{seed}"
     _run("rlaif.py:judge_smoke" if smoke else "rlaif.py:judge", base / "judge", [f"--config.seed={seed}"])
     judge = base / "judge" / "checkpoints" / "sft"
@@ -127,7 +110,7 @@ def main() -> None:
     for arm in chosen:
       run = base / arm
       judged = [f"--config.judge.init_from={judge}"] if arm in ("ai_labels", "direct") else []
-      _run(_smoke(ARMS[arm]) if smoke else ARMS[arm], run, [f"--config.seed={seed}", *judged])
+      _run(smoke_variant(ARMS[arm]) if smoke else ARMS[arm], run, [f"--config.seed={seed}", *judged])
       arms[arm], gold[arm] = curves(run), held_out_gold(run)
     results["seeds"][seed] = {"judge": stats, "arms": arms, "held_out_gold": gold}
   (workdir / "rlaif.json").write_text(json.dumps(results, indent=1))
