@@ -96,14 +96,13 @@ class RolloutSource:
     self.policy, self.checkpoint_due = policy, checkpoint_due
     self.G, self.B, self.N = rl.group_size, rl.prompts_per_step * rl.group_size, config.sampling.max_new_tokens
     self.task = task_from_config(config)
-    self.judge = None  # a rl_lm.rewards.judge.JudgeModel when a reward is the LLM judge's
     options: dict[str, dict[str, Any]] = {}
-    if {"judge", "judge_pairwise"} & set(config.reward.weights):
+    if {"judge", "judge_pairwise"} & set(config.reward.weights):  # the LLM judge, a frozen model on the mesh
       from rl_lm.train import teacher as frozen_models
 
-      self.judge, j = frozen_models.load_judge(config, ctx, log), config.judge
-      options = {"judge": dict(judge=self.judge, rubric=j.rubric, scale=j.scale, min_mass=j.min_mass),
-                 "judge_pairwise": dict(judge=self.judge, compare=j.compare, choices=j.choices, min_mass=j.min_mass)}
+      judge, j = frozen_models.load_judge(config, ctx, log), config.judge
+      options = {"judge": dict(judge=judge, rubric=j.rubric, scale=j.scale, min_mass=j.min_mass),
+                 "judge_pairwise": dict(judge=judge, compare=j.compare, choices=j.choices, min_mass=j.min_mass)}
     self.reward = build_reward(dict(config.reward.weights), options)
     # The gold measured beside what trains: the configured rewards under a learned reward, else `reward.gold`.
     self.gold = build_reward(dict(config.reward.gold)) if config.reward.gold else None
