@@ -119,6 +119,10 @@ RULES = (
   Rule("invalid", "alarm", "rollout/invalid_frac", "invalid_frac_max", ">", "too many verifier errors",
        "the verifier or its sandbox is failing (masked episodes, not the policy's doing): check the reward's "
        "statuses in the rollout samples"),
+  Rule("teacher_invalid", "alarm", "distill/teacher_invalid_frac", "invalid_frac_max", ">",
+       "the teacher scores too many rows non-finitely",
+       "the distillation teacher's log-probs are nan or inf on these rows (masked, not the policy's doing): a "
+       "corrupt checkpoint or a dtype overflow; check config.teacher.param_dtype"),
   Rule("truncation", "alarm", "rollout/truncation_rate", "truncation_max", ">",
        "completions keep hitting max_new_tokens",
        "responses are growing to the budget: a reward that pays for length, or long wrong answers kept in the "

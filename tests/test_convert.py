@@ -71,6 +71,17 @@ def test_folder_has_the_files_and_is_converted_once(folder):
 
 
 @needs_wheel
+def test_smollm2_preset_is_the_converted_checkpoints_shape(folder):
+  from rl_lm.models import hf, presets
+
+  config = hf.config_from_hf(json.loads((folder / "config.json").read_text()))
+  preset = presets.get("smollm2-135m")
+  assert config.rms_eps == pytest.approx(preset.rms_eps)  # the GGUF stores it in float32
+  assert config.replace(rms_eps=preset.rms_eps) == preset
+  assert config.num_params() == 134_515_008
+
+
+@needs_wheel
 @pytest.mark.slow
 def test_logits_match_transformers_loading_the_gguf_directly(folder, reference):
   import jax.numpy as jnp

@@ -99,6 +99,49 @@ def test_prepare_scores_the_teacher_as_its_full_forward():
                                                                        abs=1e-5)
 
 
+@pytest.mark.parametrize("loss", ["reward", "jsd"])
+def test_a_teacher_that_scores_rows_non_finitely_has_them_masked_counted_and_alarmed(loss):
+  """A teacher whose embedding of one token is nan scores every row holding that token non-finitely: those rows
+  leave the loss (mask, advantages), are counted in distill/teacher_invalid_frac and alarm; the other rows train as
+  before and the update's loss and gradients stay finite (a nan is never a silent 0)."""
+  from rl_lm import health
+  from rl_lm.config import AlarmConfig
+
+  cfg = presets.get("test", tie_embeddings=False)  # untied: a nan input embedding leaves the output head finite
+  policy, teacher_params = transformer.init(cfg, jax.random.key(0)), transformer.init(cfg, jax.random.key(1))
+  bad_token = 7
+  broken = {**teacher_params, "embed": teacher_params["embed"].at[bad_token].set(jnp.nan)}
+  B, P, N = 4, 3, 5
+  tokens = jax.random.randint(jax.random.key(2), (B, P + N), 8, cfg.vocab_size)  # ids >= 8: no bad token yet
+  tokens = tokens.at[1, P + 2].set(bad_token).at[3, 0].set(bad_token)  # row 1 mid-completion, row 3 in the prompt
+  comp = jnp.broadcast_to(jnp.arange(P + N)[None, :] >= P, (B, P + N))
+  prompt = ~comp
+  rollout = sampling.Rollout(tokens, prompt, comp, jnp.zeros((B, P + N)), jnp.full((B,), N), jnp.ones((B,), bool))
+  scored = rl_update.Scored(jnp.asarray([1.0, 0.0, 1.0, 0.0]), jnp.ones((B,), bool), jnp.ones((B,), bool),
+                            jnp.ones((B,), bool))
+  config = _rl_config()
+  config.rl.distill.loss = loss
+  rules = mesh_lib.DEFAULT_RULES
+  prepare = rl_update.make_prepare_fn(cfg, config.rl, 1.0, None, rules, teacher_cfg=cfg)
+  clean, _ = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0), teacher_params)
+  batch, metrics = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0), broken)
+  mask = np.asarray(batch.mask)
+  assert mask[[0, 2]].any(axis=1).all() and not mask[[1, 3]].any()
+  np.testing.assert_array_equal(mask[[0, 2]], np.asarray(clean.mask)[[0, 2]])
+  assert np.isfinite(np.asarray(batch.advantages)).all() and not np.asarray(batch.advantages)[[1, 3]].any()
+  np.testing.assert_allclose(np.asarray(batch.advantages)[[0, 2]], np.asarray(clean.advantages)[[0, 2]], atol=1e-6)
+  assert float(metrics["distill/teacher_invalid_frac"]) == 0.5
+  assert all(np.isfinite(float(v)) for v in metrics.values())
+
+  grads = jax.grad(lambda p: scoring.score_tokens(cfg, p, tokens, prompt | comp, 1.0,
+                                                  scoring.Teacher(cfg, broken, 0.5)).divergence[0].sum())(policy)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))  # masked rows' stand-in is finite
+
+  monitor = health.Monitor(AlarmConfig(patience=1))
+  lines = monitor.update(1, {k: float(v) for k, v in metrics.items()})
+  assert any("distill/teacher_invalid_frac=0.5 > 0.1" in line for line in lines), lines
+
+
 def _ctx(config, mesh, model_cfg) -> Context:
   return Context(config, "", mesh, mesh_lib.DEFAULT_RULES, model_cfg, None, None, jax.random.key(0))
 

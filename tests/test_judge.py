@@ -114,6 +114,21 @@ def test_pointwise_judge_reward_is_the_expected_score_of_the_full_forward():
   assert len({round(r.score, 6) for r in results}) > 1  # the texts are told apart
 
 
+def test_a_judge_forward_is_as_wide_as_its_longest_prompt_rounded_up():
+  """Each forward pads to the next power of two of its longest prompt (>= 16, <= max_len), not to max_len: the
+  same log-probs as one prompt alone (a short batch and a long one, one call)."""
+  assert [judge.padded_length(n, 512) for n in (1, 16, 17, 100, 300, 512)] == [16, 16, 32, 128, 512, 512]
+  assert judge.padded_length(100, 80) == 80
+  model, cfg, params = _judge_model(max_len=200, rows=2)
+  tok = tokenizer_lib.CharTokenizer()
+  prompts = ["1+1=2 ok?", "3+4=7 ok?", "a much longer prompt, " * 5 + "ok?", "9+9=18 ok?"]  # widths 16, then 128
+  logp, status = model.answer_logprobs(prompts, [tok.encode("1")[0], tok.encode("2")[0]])
+  assert status == ["ok"] * 4
+  for i, text in enumerate(prompts):
+    alone = _judge_logp(cfg, params, tok, [text])[0]
+    np.testing.assert_allclose(logp[i], np.asarray(alone)[[tok.encode("1")[0], tok.encode("2")[0]]], atol=1e-5)
+
+
 def test_a_judge_that_cannot_decide_masks_its_rows_never_scores_them_0():
   """Too little mass on the scale or a judge that outputs NaN: each row is invalid with its own status (masked and
   counted), also inside a weighted sum with another reward. A completion the judge cannot read (too long for it,

@@ -89,7 +89,7 @@ class AlarmConfig(Section):
   reward_std_min: float = knob(1e-6, "[0, inf)")  # rollout/reward_std at or below, batch not all solved: every
   #                                                 reward the same (a broken verifier); 0: off
   zero_variance_max: float = knob(0.8, "[0, 1]")  # groups/zero_variance_frac above: a note (solved or too hard)
-  invalid_frac_max: float = knob(0.1, "[0, 1]")  # rollout/invalid_frac above: too many verifier errors
+  invalid_frac_max: float = knob(0.1, "[0, 1]")  # rollout/invalid_frac (or distill/teacher_invalid_frac) above
   truncation_max: float = knob(0.2, "[0, 1]")  # rollout/truncation_rate above: completions hit max_new_tokens
   is_weight_max: float = knob(math.inf, "(0, inf]")  # offpolicy/is_weight_max above; inf: off
   env_failure_max: float = knob(0.1, "[0, 1]")  # episodes/failure_env above: environments keep failing (config.env)
@@ -157,7 +157,7 @@ class Judge(Section):
   choices: str = "12"  # the tokens that pick the first and the second answer
   min_mass: float = knob(0.5, "[0, 1]")  # below this probability on the answer tokens: a judge failure, masked
   max_len: int = knob(512, "(0, inf)")  # judge prompt tokens; a longer prompt is a judge failure, masked
-  rows: int = knob(64, "(0, inf)")  # judge prompts per forward
+  rows: int = knob(64, "(0, inf)")  # judge prompts per forward (padded to the next power of two of the longest)
 
   def check(self) -> None:
     self.require(not (self.init_from and self.hf_checkpoint), "hf_checkpoint", "set init_from or hf_checkpoint, "

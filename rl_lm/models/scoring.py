@@ -54,6 +54,9 @@ def _chunk_scores(cfg: ModelConfig, params: transformer.Params, h: jax.Array, ta
   if teacher is None:
     return out
   t_logits = transformer.logits_from_hidden(teacher.cfg, teacher.params, th) / temperature  # [B, c, V]
+  # A non-finite teacher logit is the teacher's failure: prepare masks its row (distill/teacher_invalid_frac); a
+  # finite stand-in keeps the masked positions' divergence, and so every gradient, finite (0 * nan is nan).
+  t_logits = jnp.where(jnp.isfinite(t_logits), t_logits, 0.0)
   return out + (distill.generalized_jsd(logits, t_logits, teacher.beta),)
 
 

@@ -58,6 +58,12 @@ def next_token_logprobs(cfg: ModelConfig, params: transformer.Params, tokens: ja
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
+def padded_length(longest: int, max_len: int) -> int:
+  """The judge forward's width for prompts of at most `longest` tokens: the next power of two (at least 16), capped
+  at `max_len`. A few compiled shapes, and no forward pays for `max_len` when its prompts are short."""
+  return min(max_len, max(16, 1 << (longest - 1).bit_length()))
+
+
 class Pointwise(NamedTuple):
   score: np.ndarray  # [B] float32: the expected score (NaN where not valid)
   mass: np.ndarray  # [B] float32: the probability of answering with a score token
@@ -155,7 +161,8 @@ class JudgeModel:
       jnp.asarray(np.asarray(ids, np.int32))
     for start in range(0, len(todo), self.rows):
       part = todo[start: start + self.rows]
-      tokens = np.full((self.rows, self.max_len), self.tokenizer.pad_id, np.int32)
+      width = padded_length(max(len(encoded[i]) for i in part), self.max_len)
+      tokens = np.full((self.rows, width), self.tokenizer.pad_id, np.int32)
       lengths = np.ones((self.rows,), np.int32)  # padding rows: one pad token, their answers dropped
       for r, i in enumerate(part):
         tokens[r, : len(encoded[i])], lengths[r] = encoded[i], len(encoded[i])

@@ -134,8 +134,12 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     values = scores[3] if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
-    if distilling:
-      teacher_logp, trains = scores[-1], comp & scored.trains[:, None]
+    trains_rows = scored.trains  # [B]
+    if distilling:  # a row the teacher scored non-finitely is its failure: masked and counted, never a 0
+      teacher_ok = jnp.all(jnp.isfinite(scores[-1]) | ~comp, axis=1)  # [B]
+      teacher_logp = jnp.where(comp & teacher_ok[:, None], scores[-1], 0.0)
+      trains_rows = trains_rows & teacher_ok
+      trains = comp & trains_rows[:, None]
       if rl.distill.loss == "reward":  # the teacher's per-token reward on the student's own samples
         adv = distill.advantages(adv, old_logp, teacher_logp, trains, rl.distill.coef, rl.distill.verifier)
       else:  # the divergence is a loss term of the update; the verifier's advantage keeps its weight
@@ -154,10 +158,13 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
       sampler_logprobs=rollout.logprobs, logprobs=old_logp, ref_logprobs=ref_logp, entropy=entropy,
       truncated=~rollout.finished, lengths=rollout.lengths, values=values, returns=returns))
     if distilling:
-      metrics.update(distill.metrics(old_logp, teacher_logp, comp))
+      metrics.update(distill.metrics(old_logp, teacher_logp, comp & teacher_ok[:, None]))
+      has_comp = jnp.any(comp, axis=1)
+      metrics["distill/teacher_invalid_frac"] = (jnp.sum(has_comp & ~teacher_ok) /
+                                                 jnp.maximum(jnp.sum(has_comp), 1)).astype(jnp.float32)
     if by_student is not None:  # the teacher sampled: its tokens all train the divergence, unweighted
       is_w, keep = jnp.where(by_student > 0, is_w, 1.0), jnp.where(by_student > 0, keep, comp)
-    mask = keep & scored.trains[:, None]
+    mask = keep & trains_rows[:, None]
     return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
 
   return jax.jit(mesh_lib.bind(prepare, mesh, rules))
