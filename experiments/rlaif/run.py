@@ -72,29 +72,38 @@ def held_out_gold(run: Path) -> float:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
+  """Left: the gold against the KL to the SFT policy for every arm and seed (a running mean over 5 steps: one step's
+  rollouts are noisy). Right: the direct arm's proxy (the judge's score) and gold against the KL."""
   import matplotlib
+  import numpy as np
 
   from rl_lm import plots
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, len(ARMS), figsize=(4 * len(ARMS), 3.6), sharey=True)
-  for ax, arm in zip(axes, ARMS, strict=True):
-    for seed, runs in results["seeds"].items():
-      points = runs["arms"].get(arm)
-      if not points:
+  smooth = lambda xs: np.convolve(xs, np.ones(5) / 5, mode="valid")  # noqa: E731
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+  colours = dict(zip(ARMS, ("C0", "C1", "C2", "C3"), strict=True))
+  first = min(results["seeds"])
+  for seed, runs in results["seeds"].items():
+    for arm, points in runs["arms"].items():
+      if len(points) < 5:
         continue
-      kl = [p["kl"] for p in points]
-      first = seed == min(results["seeds"])
-      ax.plot(kl, [p["gold"] for p in points], "-", color="C0", alpha=0.8, label="gold" if first else None)
-      ax.plot(kl, [p["proxy"] for p in points], "--", color="C3", alpha=0.8, label="proxy" if first else None)
-    ax.set_title(arm)
+      kl, gold = smooth([p["kl"] for p in points]), smooth([p["gold"] for p in points])
+      left.plot(kl, gold, "-", color=colours[arm], alpha=0.8, label=arm if seed == first else None)
+      if arm == "direct":
+        right.plot(kl, smooth([p["proxy"] for p in points]), "--", color="C3", alpha=0.8,
+                   label="proxy: the judge's score" if seed == first else None)
+        right.plot(kl, gold, "-", color="C0", alpha=0.8, label="gold" if seed == first else None)
+  left.set_title("the gold as PPO moves from the SFT policy")
+  right.set_title("direct RLAIF: the judge's score and the gold")
+  for ax in (left, right):
     ax.set_xlabel("KL to the SFT policy (nats per sequence)")
+    ax.set_ylabel("reward (training rollouts, 5-step mean)")
     ax.grid(alpha=0.3)
-  axes[0].set_ylabel("reward")
-  axes[0].legend(fontsize=8)
-  fig.suptitle("PPO on four reward sources: the gold against the proxy it trained on")
+    ax.legend(fontsize=8)
+  fig.suptitle(f"PPO on four reward sources, {len(results['seeds'])} seeds")
   plots.save(fig, path)
 
 
