@@ -24,6 +24,8 @@ from rl_lm.train.rl import RLTrainer
 from rl_lm.train.source import task_from_config
 from tests.test_rl_loop import make_ctx, smoke_config
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # trainers of one shape share executables
+
 
 def test_reward_gradient_is_the_reverse_kl_gradient_on_a_toy_vocabulary():
   """One position, V = 5 tokens, student logits theta, teacher q. Every token y is a row, weighted by
@@ -133,8 +135,9 @@ def test_a_teacher_that_scores_rows_non_finitely_has_them_masked_counted_and_ala
   assert float(metrics["distill/teacher_invalid_frac"]) == 0.5
   assert all(np.isfinite(float(v)) for v in metrics.values())
 
-  grads = jax.grad(lambda p: scoring.score_tokens(cfg, p, tokens, prompt | comp, 1.0,
-                                                  scoring.Teacher(cfg, broken, 0.5)).divergence[0].sum())(policy)
+  divergence = lambda p: scoring.score_tokens(cfg, p, tokens, prompt | comp, 1.0,  # noqa: E731
+                                              scoring.Teacher(cfg, broken, 0.5)).divergence[0].sum()
+  grads = jax.jit(jax.grad(divergence))(policy)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))  # masked rows' stand-in is finite
 
   monitor = health.Monitor(AlarmConfig(patience=1))
@@ -286,10 +289,13 @@ def test_scores_against_a_teacher_equal_the_full_forwards(chunk):
     t = transformer.forward(teacher_cfg, teacher_params, tokens, mask)[:, :-1] / temperature
     return jnp.concatenate([jnp.zeros((B, 1)), distill.generalized_jsd(s, t, beta)], 1)
 
-  np.testing.assert_allclose(np.asarray(ours(policy)), np.asarray(full(policy)), atol=1e-5)
-  assert float(jnp.max(full(policy))) > 0.01
-  g_ours = jax.grad(lambda p: jnp.sum(ours(p) * weights))(policy)
-  g_full = jax.grad(lambda p: jnp.sum(full(p) * weights))(policy)
+  # Each side jitted with its gradient: one compile each, not an op-by-op dispatch of two transformers' backward.
+  ours_and_grad, full_and_grad = (jax.jit(jax.value_and_grad(lambda p, f=f: jnp.sum(f(p) * weights)))
+                                  for f in (ours, full))
+  np.testing.assert_allclose(np.asarray(jax.jit(ours)(policy)), np.asarray(jax.jit(full)(policy)), atol=1e-5)
+  assert float(jnp.max(jax.jit(full)(policy))) > 0.01
+  (v_ours, g_ours), (v_full, g_full) = ours_and_grad(policy), full_and_grad(policy)
+  assert float(v_ours) == pytest.approx(float(v_full), abs=1e-5)
   chex.assert_trees_all_close(g_ours, g_full, atol=1e-5)
   plain = scoring.score_tokens(policy_cfg, policy, tokens, mask, temperature)  # the log-probs are the same with it
   both = scoring.score_tokens(policy_cfg, policy, tokens, mask, temperature, against)

@@ -224,6 +224,7 @@ def test_judge_rewards_need_a_judge_and_one_token_answers():
     config_lib.validate(config, num_devices=1)
 
 
+@pytest.mark.usefixtures("persistent_compilation_cache")  # the second trainer loads the first one's executables
 def test_an_rl_step_on_the_judge_reward_counts_and_alarms_on_its_failures(tmp_path):
   """The RL step with the judge (the policy's own initial weights) as the reward: its scores train, its metrics are
   logged; a judge that never answers on the scale masks every row, and the invalid-rows alarm fires."""
