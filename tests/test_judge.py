@@ -192,6 +192,22 @@ def test_a_judge_that_cannot_decide_masks_its_rows_never_scores_them_0():
   assert not any(r.valid for r in mixed) and {r.status for r in mixed} == {"judge_error"}
 
 
+def test_a_judge_that_crashes_fails_its_rows_masked_and_counted_not_the_run():
+  model, _, _ = _judge_model()
+
+  def crash(*_):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+  model._answers = crash
+  reward = make_reward("judge", judge=model, rubric="Q {prompt} A {completion} Score:", scale="123", min_mass=0.0)
+  results = reward.batch(_problems(3), ["1", "2", "3"])
+  assert [(r.valid, r.status, r.score) for r in results] == [(False, "judge_error", 0.0)] * 3
+  assert reward.stats["judge/invalid_frac"] == 1.0 and "RESOURCE_EXHAUSTED" in model.last_error
+  pairwise = make_reward("judge_pairwise", judge=model, compare="{prompt} 1:{first} 2:{second} ?", choices="12",
+                         min_mass=0.0)
+  assert not any(r.valid for r in pairwise.batch(_problems(2), ["1", "2"]))
+
+
 def test_pairwise_judge_reward_is_swap_invariant_and_reports_its_position_bias():
   model, _, _ = _judge_model(rows=8)
   reward = make_reward("judge_pairwise", judge=model, compare="Q {prompt} 1: {first} 2: {second} Better:",

@@ -21,13 +21,13 @@ answer shown first (0.5: no position bias), `flip_rate` how often its choice cha
 
 As rewards ("judge" and "judge_pairwise", registered in rl_lm/rewards/judged.py; `config.judge`): the judge is a
 frozen model on the mesh (`JudgeModel`), the texts re-tokenised with its own tokenizer, its prompts run `rows` at a
-time. A row the judge cannot decide is masked and counted, never scored 0: "judge_invalid" (too little mass on
-the answer tokens: an answer off the scale) and "judge_error" (a non-finite output). A completion the judge cannot
-read is the completion's doing and scores 0, valid, counted: "judge_overlong" (its prompt does not fit `max_len`
-tokens) and "judge_unreadable" (a character the judge's tokenizer cannot encode); masking those would let a policy
-escape a low score by writing long or strange text. When the prompt does not fit or encode even with an empty
-completion, the setup is at fault: "judge_error", masked. The verdict math runs on the host, in numpy, on the answer
-tokens' log-probs the device sends back ([n, K] a batch).
+time. A row the judge cannot decide is masked and counted, never scored 0: "judge_invalid" (too little mass on the
+answer tokens: an answer off the scale) and "judge_error" (a non-finite output, or a forward that raised). A
+completion the judge cannot read is the completion's doing and scores 0, valid, counted: "judge_overlong" (its
+prompt does not fit `max_len` tokens) and "judge_unreadable" (a character the judge's tokenizer cannot encode);
+masking those would let a policy escape a low score by writing long or strange text. When the prompt does not fit or
+encode even with an empty completion, the setup is at fault: "judge_error", masked. The verdict math runs on the
+host, in numpy, on the answer tokens' log-probs the device sends back ([n, K] a batch).
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ class JudgeModel:
   def __init__(self, cfg: ModelConfig, params: Any, tokenizer: Any, rows: int, max_len: int, mesh: Any = None,
                rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES):
     self.cfg, self.params, self.tokenizer, self.rows, self.max_len = cfg, params, tokenizer, rows, max_len
+    self.last_error = ""  # the last exception a forward raised (its rows were judge_error)
     self.mesh = mesh
     self._sharding = mesh_lib.batch_sharding(mesh, rules, (rows,)) if mesh is not None else None
 
@@ -151,7 +152,8 @@ class JudgeModel:
 
   def answer_logprobs(self, prompts: Sequence[str], ids: Sequence[int]) -> tuple[np.ndarray, list[str]]:
     """log p(answer token k | prompt i) [n, K] float32 (NaN where not scored), and each prompt's status: "ok",
-    "judge_unreadable", "judge_overlong" or "judge_error" (a non-finite output)."""
+    "judge_unreadable", "judge_overlong" or "judge_error" (a non-finite output, or a forward that raised: its
+    rows are the judge's failure, masked and counted like a verifier's crash; the error is kept in `last_error`)."""
     encoded = [self.encode(p) or [] for p in prompts]
     status = ["judge_unreadable" if not e else "ok" if len(e) <= self.max_len else "judge_overlong" for e in encoded]
     out = np.full((len(prompts), len(ids)), np.nan, np.float32)
@@ -166,7 +168,11 @@ class JudgeModel:
       lengths = np.ones((self.rows,), np.int32)  # padding rows: one pad token, their answers dropped
       for r, i in enumerate(part):
         tokens[r, : len(encoded[i])], lengths[r] = encoded[i], len(encoded[i])
-      got = mesh_lib.fetch(self._answers(self.params, put(tokens), put(lengths), id_array))[: len(part)]
+      try:
+        got = mesh_lib.fetch(self._answers(self.params, put(tokens), put(lengths), id_array))[: len(part)]
+      except Exception as e:  # a judge that crashes (out of memory, a runtime error) fails its rows, never the run
+        self.last_error = f"{type(e).__name__}: {e}"
+        got = np.full((len(part), len(ids)), np.nan, np.float32)
       out[part] = got
     for i in todo:
       if not np.all(np.isfinite(out[i])):
@@ -195,8 +201,8 @@ def _verdict(status: str, valid: bool, score: float, info: dict[str, float], det
   if status in UNREADABLE:
     return RewardResult(0.0, status, {"judge": UNREADABLE[status]}, valid=True)
   if status != "ok":
-    return RewardResult(0.0, status, {"judge": "a non-finite log-prob, or a prompt too long or unreadable without "
-                                      "the completion"}, valid=False)
+    return RewardResult(0.0, status, {"judge": "a non-finite log-prob, a forward that raised, or a prompt too long "
+                                      "or unreadable without the completion"}, valid=False)
   if not valid:
     return RewardResult(0.0, "judge_invalid", {"judge": detail}, valid=False)
   return RewardResult(score, "ok", info)
