@@ -111,15 +111,23 @@ def main() -> None:
         f"{args.prompts * 8} rows a step; {args.frozen} {args.preset} in {args.dtype}: {frozen.num_params:,} "
         f"parameters, {frozen.nbytes / 2**20:.1f} MiB resident ({frozen.per_device / 2**20:.1f} MiB on a device)")
   med = lambda arm, phase: statistics.median(times[arm][phase])  # noqa: E731
+  k = args.steps
+
+  def per_round(ratio: Any) -> str:  # the ratio of each round's medians: the run's range
+    return ", ".join(f"{ratio(i):.2f}" for i in range(args.rounds))
+
+  round_med = lambda arm, phase, i: statistics.median(times[arm][phase][i * k: (i + 1) * k])  # noqa: E731
   if judge_call:
     step, judge = med("without", "step"), med("with", "scoring")
     print(f"step without the judge {step:.3f} s; the judge's call on its {args.prompts * 8} rows {judge:.3f} s: "
-          f"with / without {(step + judge) / step:.2f}x")
+          f"with / without {(step + judge) / step:.2f}x (rounds: "
+          f"{per_round(lambda i: 1 + round_med('with', 'scoring', i) / round_med('without', 'step', i))})")
     return
   print(f"phase | without the {args.frozen} (s) | with (s) | with - without (s) | with / without")
   for phase in phases:
     a, b = med("without", phase), med("with", phase)
-    print(f"{phase} | {a:.3f} | {b:.3f} | {b - a:+.3f} | {b / a:.2f}x")
+    rounds = per_round(lambda i, p=phase: round_med("with", p, i) / round_med("without", p, i))
+    print(f"{phase} | {a:.3f} | {b:.3f} | {b - a:+.3f} | {b / a:.2f}x (rounds: {rounds})")
 
 
 if __name__ == "__main__":
