@@ -248,6 +248,8 @@ def test_model_config_comes_from_a_checkpoints_config_json_alone(tmp_path):
   ("ppo:smoke", {"model.lora.rank": 4, "rl.sampler_dtype": "bfloat16"}),  # sft, rl: a value model, LoRA adapters
   ("rlhf_ppo:smoke", {"sampling.slots": 8}),  # sft, reward_model, rl on the learned reward; continuous batching
   ("dpo:smoke", {}),
+  ("distill:gkd_smoke", {"teacher.preset": "tiny"}),  # rl with a teacher of another depth: its forward, its head
+  ("rlaif:direct_smoke", {"judge.preset": "tiny"}),  # rl with the pairwise judge's score as the reward
 ])
 def test_every_program_of_every_stage_lowers(config_name, overrides):
   """Each stage's programs and cost pieces trace with their abstract arguments (here on the 8 CPU devices)."""
@@ -274,13 +276,15 @@ def test_every_program_of_every_stage_lowers(config_name, overrides):
         p.memory.fn.lower(*p.memory.args)
       pieces = [t for term in p.cost for t in (term.between[:2] if term.between else (term,))]
       for t in pieces:
-        call = t.build(a.model.replace(n_layers=1) if t.layers else a.model)
+        model = t.model or a.model  # a teacher's piece varies the teacher's layers
+        call = t.build(model.replace(n_layers=1) if t.layers else model)
         with measure.unrolled_loops():
           call.fn.lower(*call.args)
       assert p.expected > 0 or not p.cost, p.label
   expected = {"ppo": {"sft/update", "rl/generate", "rl/generate:decode", "rl/prepare", "rl/update", "rl/eval"},
               "rlhf_ppo": {"reward_model/update", "reward_model/score", "rl/reward_score", "rl/generate:decode"},
-              "dpo": {"dpo/update", "dpo/reference_logprobs"}}
+              "dpo": {"dpo/update", "dpo/reference_logprobs"}, "distill": {"rl/teacher", "rl/prepare", "rl/update"},
+              "rlaif": {"rl/judge", "rl/update"}}
   assert expected[module] <= names, names
 
 
@@ -298,9 +302,11 @@ def _aot(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                         text=True, timeout=timeout)
 
 
-def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None) -> tuple[dict, chips.Topology]:
+def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None, distill: bool = False
+                ) -> tuple[dict, chips.Topology]:
   """The RL step of a small preset, its weights over every chip (fsdp), compiled and costed for `topology`; only
-  the programs named in `keep`, if given."""
+  the programs named in `keep`, if given; with `distill`, GKD (the JSD loss) towards a teacher of the same preset
+  stored in bfloat16."""
   from configs import default
   from rl_lm import config as config_lib
   from rl_lm import mesh as mesh_lib
@@ -312,6 +318,8 @@ def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = Non
   config.mesh.data, config.mesh.fsdp = 1, -1
   config.rl.prompts_per_step, config.rl.group_size, config.rl.minibatches, config.rl.grad_accum = 8, 4, 2, 2
   config.eval.rows, config.eval.greedy = 32, False
+  if distill:
+    config.rl.distill.coef, config.rl.distill.loss, config.teacher.init_from = 1.0, "jsd", str(tmp_path)
   if topology == "v5e:2x2":  # one attention window (two decode pieces fewer); v5p:2x2x2 interpolates between two
     config.sampling.window = config.sampling.max_new_tokens
   t = chips.resolve(topology)
@@ -369,6 +377,27 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
   assert gen.flops < rows["rl/generate:prefill"].result.cost.flops + a.config.sampling.max_new_tokens * dec.flops
   # FSDP gathers the weights: the update's pieces all-gather (and reduce) them.
   assert update.cost.collectives["all-gather"][0] > 0
+
+
+@needs_libtpu
+def test_a_distillation_step_compiles_with_its_teacher(tmp_path):
+  """GKD on v5e:2x2: the teacher's forward is a program of its own; it, prepare and the update (which makes the
+  teacher's logits from the hidden states it made) fit with the teacher resident, its weights are sharded over the
+  chips, and XLA's FLOPs agree with the analytic count, the teacher's head in the update's."""
+  from rl_lm.aot import programs, report, stages
+  from rl_lm.models import build
+
+  out, t = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"teacher", "prepare", "update"}), distill=True)
+  rows, a = out["rows"], out["a"]
+  assert set(rows) == {"rl/teacher", "rl/prepare", "rl/update"}
+  for name, row in rows.items():
+    assert row.result.compiled.error == "" and row.fits and 0 < row.needed < t.chip.usable_bytes, name
+    assert report.FLAG_LOW <= row.ratio <= report.FLAG_HIGH and row.checked, (name, row.ratio, row.why)
+  teacher = build.abstract_params(presets.get("bench", param_dtype="bfloat16"), a.mesh, a.rules)
+  whole = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(teacher))
+  assert stages.rl_stage(a, cost=False).resident["teacher"] == pytest.approx(whole / t.chips, rel=0.02)
+  args = rows["rl/teacher"].result.compiled.memory.argument
+  assert programs.per_chip_bytes(teacher) <= args < whole / 2  # sharded, not a whole copy on each chip
 
 
 @needs_cuda

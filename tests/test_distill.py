@@ -88,9 +88,10 @@ def test_prepare_scores_the_teacher_as_its_full_forward():
   trains = jnp.asarray([True, True, False, True])
   scored = rl_update.Scored(jnp.asarray([1.0, 0.0, 1.0, 0.0]), jnp.ones((B,), bool), trains, jnp.ones((B,), bool))
   config = _rl_config()
-  fn = rl_update.make_prepare_fn(policy_cfg, config.rl, temperature, None, mesh_lib.DEFAULT_RULES,
-                                 teacher_cfg=teacher_cfg)
-  batch, metrics = fn(policy, policy, None, rollout, scored, jnp.float32(0.0), teacher_params)
+  fn = rl_update.make_prepare_fn(policy_cfg, config.rl, temperature, None, mesh_lib.DEFAULT_RULES)
+  teacher_fn = rl_update.make_teacher_fn(teacher_cfg, config.rl, temperature, None, mesh_lib.DEFAULT_RULES)
+  batch, metrics = fn(policy, policy, None, rollout, scored, jnp.float32(0.0),
+                      teacher_fn(teacher_params, tokens, prompt | comp))
   logits = transformer.forward(teacher_cfg, teacher_params, tokens, prompt | comp)[:, :-1] / temperature
   full = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
   full = jnp.concatenate([jnp.zeros((B, 1)), full], 1)
@@ -124,9 +125,12 @@ def test_a_teacher_that_scores_rows_non_finitely_has_them_masked_counted_and_ala
   config = _rl_config()
   config.rl.distill.loss = loss
   rules = mesh_lib.DEFAULT_RULES
-  prepare = rl_update.make_prepare_fn(cfg, config.rl, 1.0, None, rules, teacher_cfg=cfg)
-  clean, _ = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0), teacher_params)
-  batch, metrics = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0), broken)
+  prepare = rl_update.make_prepare_fn(cfg, config.rl, 1.0, None, rules)
+  teacher_fn = rl_update.make_teacher_fn(cfg, config.rl, 1.0, None, rules)
+  clean, _ = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0),
+                     teacher_fn(teacher_params, tokens, prompt | comp))
+  batch, metrics = prepare(policy, policy, None, rollout, scored, jnp.float32(0.0), teacher_fn(broken, tokens,
+                                                                                                prompt | comp))
   mask = np.asarray(batch.mask)
   assert mask[[0, 2]].any(axis=1).all() and not mask[[1, 3]].any()
   np.testing.assert_array_equal(mask[[0, 2]], np.asarray(clean.mask)[[0, 2]])
@@ -135,8 +139,10 @@ def test_a_teacher_that_scores_rows_non_finitely_has_them_masked_counted_and_ala
   assert float(metrics["distill/teacher_invalid_frac"]) == 0.5
   assert all(np.isfinite(float(v)) for v in metrics.values())
 
+  hidden = batch.teacher_hidden  # the update's: the teacher's hidden states made before prepare ("jsd")
+  assert (hidden is not None) == (loss == "jsd")
   divergence = lambda p: scoring.score_tokens(cfg, p, tokens, prompt | comp, 1.0,  # noqa: E731
-                                              scoring.Teacher(cfg, broken, 0.5)).divergence[0].sum()
+                                              scoring.Teacher(cfg, broken, 0.5, hidden)).divergence[0].sum()
   grads = jax.jit(jax.grad(divergence))(policy)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))  # masked rows' stand-in is finite
 
@@ -188,11 +194,30 @@ def test_abstract_teacher_matches_its_checkpoint_shapes():
   assert {x.dtype for x in jax.tree.leaves(abstract)} == {jnp.dtype(jnp.bfloat16)}
 
 
+def _crash_teacher(trainer: RLTrainer, at: set[int]) -> dict[str, int]:
+  """Makes the teacher's forward raise, as an XLA runtime error would, at the steps `at`; the loop sets "step"."""
+  real, now = trainer.teacher_fn, {"step": 0}
+
+  def flaky(*args):
+    if now["step"] in at:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.20GiB (injected)")
+    return real(*args)
+
+  trainer.teacher_fn = flaky
+  return now
+
+
 def test_on_policy_distillation_moves_the_student_towards_the_teacher(tmp_path):
   """Pure distillation (verifier weight 0, no KL to the reference) towards a teacher that is the student's own
   initialisation at temperature 0.1 (its final norm scaled by 10): the student starts near uniform, about 4 nats
   per token from the teacher, and its reverse KL on its own samples falls below a quarter of that in 15 steps
-  (it sharpens: reverse KL seeks the teacher's modes)."""
+  (it sharpens: reverse KL seeks the teacher's modes).
+
+  The teacher's forward crashes at step 8: that step's rows are all masked and counted, the alarm fires, the
+  error is logged, the weights do not move, and the run goes on."""
+  from rl_lm import health
+  from rl_lm.config import AlarmConfig
+
   config = smoke_config(distill__coef=1.0, distill__verifier=0.0, kl__placement="none", learning_rate=3e-2)
   ctx = make_ctx(config, (1, 1, 1), str(tmp_path / "run"))
   sharp = jax.device_get(ctx.policy)
@@ -200,11 +225,25 @@ def test_on_policy_distillation_moves_the_student_towards_the_teacher(tmp_path):
   with Checkpointer(str(tmp_path / "teacher")) as ckpt:
     ckpt.save(1, {"params": sharp})
   config.teacher.init_from, config.teacher.param_dtype = str(tmp_path / "teacher"), "float32"
-  trainer = RLTrainer(ctx, log=lambda *_: None)
+  lines: list[str] = []
+  trainer = RLTrainer(ctx, log=lines.append)
+  now = _crash_teacher(trainer, {8})
+  metrics = []
   try:
-    metrics = [trainer.train_step(step) for step in range(1, 16)]
+    for step in range(1, 16):
+      now["step"] = step
+      before = jax.device_get(trainer.state.policy.params) if step == 8 else None
+      metrics.append(trainer.train_step(step))
+      if before is not None:
+        chex.assert_trees_all_equal(jax.device_get(trainer.state.policy.params), before)
   finally:
     trainer.source.close()
+  crashed = metrics[7]
+  assert crashed["distill/teacher_error"] == 1.0 and crashed["distill/teacher_invalid_frac"] == 1.0
+  assert all(m["distill/teacher_error"] == 0.0 == m["distill/teacher_invalid_frac"] for m in metrics[:7] + metrics[8:])
+  assert any("step 8: the teacher's forward failed (RuntimeError: RESOURCE_EXHAUSTED" in line for line in lines)
+  alarms = health.Monitor(AlarmConfig(patience=1)).update(8, crashed)
+  assert any("distill/teacher_invalid_frac=1" in line for line in alarms), alarms
   kls = [m["distill/reverse_kl"] for m in metrics]
   assert np.mean(kls[:3]) > 3.0, kls
   assert np.mean(kls[-3:]) < 0.25 * np.mean(kls[:3]), kls
@@ -297,6 +336,9 @@ def test_scores_against_a_teacher_equal_the_full_forwards(chunk):
   (v_ours, g_ours), (v_full, g_full) = ours_and_grad(policy), full_and_grad(policy)
   assert float(v_ours) == pytest.approx(float(v_full), abs=1e-5)
   chex.assert_trees_all_close(g_ours, g_full, atol=1e-5)
+  hidden = transformer.hidden_states(teacher_cfg, teacher_params, tokens, mask)[:, :-1]  # made beforehand: the same
+  stored = scoring.score_tokens(policy_cfg, policy, tokens, mask, temperature, against._replace(hidden=hidden))
+  np.testing.assert_allclose(np.asarray(stored.divergence), np.asarray(jax.jit(ours)(policy)), atol=1e-6)
   plain = scoring.score_tokens(policy_cfg, policy, tokens, mask, temperature)  # the log-probs are the same with it
   both = scoring.score_tokens(policy_cfg, policy, tokens, mask, temperature, against)
   assert plain.divergence is None
@@ -316,8 +358,10 @@ def test_steps_on_the_teachers_samples_need_the_jsd_loss():
   teacher.check_samples(presets.get("test"), presets.get("test", param_dtype="bfloat16"))
 
 
-def _gkd_run(tmp_path, on_policy: float, learning_rate: float, steps: int) -> list[dict[str, float]]:
-  """GKD with beta = 0.5 towards the sharpened teacher of the reward test above; the metrics of `steps` steps."""
+def _gkd_run(tmp_path, on_policy: float, learning_rate: float, steps: int, crash: frozenset[int] = frozenset()
+             ) -> list[dict[str, float]]:
+  """GKD with beta = 0.5 towards the sharpened teacher of the reward test above; the metrics of `steps` steps, the
+  teacher's forward crashing at the steps `crash`."""
   config = smoke_config(distill__coef=1.0, distill__verifier=0.0, distill__loss="jsd", distill__beta=0.5,
                         distill__on_policy=on_policy, kl__placement="none", learning_rate=learning_rate)
   ctx = make_ctx(config, (1, 1, 1), str(tmp_path / f"run{on_policy}"))
@@ -327,8 +371,12 @@ def _gkd_run(tmp_path, on_policy: float, learning_rate: float, steps: int) -> li
     ckpt.save(1, {"params": sharp})
   config.teacher.init_from, config.teacher.param_dtype = str(tmp_path / f"teacher{on_policy}"), "float32"
   trainer = RLTrainer(ctx, log=lambda *_: None)
+  now, metrics = _crash_teacher(trainer, crash), []
   try:
-    return [trainer.train_step(step) for step in range(1, steps + 1)]
+    for step in range(1, steps + 1):
+      now["step"] = step
+      metrics.append(trainer.train_step(step))
+    return metrics
   finally:
     trainer.source.close()
 
@@ -338,16 +386,23 @@ def test_gkd_trains_the_divergence_on_both_models_samples(tmp_path):
   alone trains) and log their rollout apart. On the student's own samples the JSD falls fast (0.54 -> 0.07 in 11
   steps here: the student sharpens onto modes it shares with the teacher), while on the teacher's samples it stays
   near 0.5: the prefixes the student never visits, the mismatch that lambda trades off. lambda = 0 (supervised KD
-  on the teacher's samples alone) lowers the JSD on them too, more slowly (0.54 -> 0.38 in 8 steps)."""
-  metrics = _gkd_run(tmp_path, 0.5, 3e-2, 12)
+  on the teacher's samples alone) lowers the JSD on them too, more slowly (0.54 -> 0.38 in 8 steps).
+
+  The teacher's forward crashes at the student's third step: its rows are masked (the stand-in hidden states keep
+  the divergence finite), counted, and the run goes on."""
   coins = [distill.teacher_step(smoke_config().seed, step, 0.5) for step in range(1, 13)]
   assert 2 <= sum(coins) <= 10
+  crash = [step for step, t in enumerate(coins, 1) if not t][2]
+  metrics = _gkd_run(tmp_path, 0.5, 3e-2, 12, frozenset({crash}))
+  assert [m["distill/teacher_error"] for m in metrics] == [float(step == crash) for step in range(1, 13)]
+  assert metrics[crash - 1]["distill/teacher_invalid_frac"] == 1.0
+  assert all(np.isfinite(v) for v in metrics[crash - 1].values()) and metrics[crash - 1]["train/skipped"] == 0
   assert [bool(m["distill/teacher_step"]) for m in metrics] == coins
   for m, by_teacher in zip(metrics, coins, strict=True):
     assert ("teacher_samples/rollout/reward_mean" in m) == by_teacher == ("rollout/reward_mean" not in m)
     if by_teacher:
       assert m["policy/pg_loss"] == 0.0
-  own = [m["distill/jsd"] for m, t in zip(metrics, coins, strict=True) if not t]
+  own = [m["distill/jsd"] for i, (m, t) in enumerate(zip(metrics, coins, strict=True), 1) if not t and i != crash]
   assert np.mean(own[-2:]) < 0.3 * np.mean(own[:2]), own
   supervised = [m["distill/jsd"] for m in _gkd_run(tmp_path, 0.0, 1e-2, 8)]
   assert np.mean(supervised[-2:]) < 0.85 * np.mean(supervised[:2]), supervised

@@ -220,8 +220,11 @@ class Coster:
   def __init__(self, compiler: Compiler, model: ModelConfig):
     self.compiler, self.model = compiler, model
 
-  def _layers(self, n: int) -> ModelConfig:
-    return self.model.replace(n_layers=n)
+  def _layers(self, n: int, term: Term | None = None) -> ModelConfig:
+    return self._model(term).replace(n_layers=n)
+
+  def _model(self, term: Term | None) -> ModelConfig:
+    return term.model if term is not None and term.model is not None else self.model
 
   def _piece(self, term: Term, layers: int | None) -> Compiled:
     return self.compiler.futures[(term.key, layers)].result()
@@ -231,12 +234,12 @@ class Coster:
       self.submit(term.between[0])
       self.submit(term.between[1])
     elif term.per_parameter:
-      self.compiler.submit((term.key, 1), term.build(self._layers(1)), cost_piece=True)
+      self.compiler.submit((term.key, 1), term.build(self._layers(1, term)), cost_piece=True)
     elif term.layers:
       for n in (1, 2):
-        self.compiler.submit((term.key, n), term.build(self._layers(n)), cost_piece=True)
+        self.compiler.submit((term.key, n), term.build(self._layers(n, term)), cost_piece=True)
     else:
-      self.compiler.submit((term.key, None), term.build(self.model), cost_piece=True)
+      self.compiler.submit((term.key, None), term.build(self._model(term)), cost_piece=True)
 
   def cost(self, term: Term) -> tuple[Cost | None, str]:
     """(count x the piece's cost, "") or (None, why not)."""
@@ -250,7 +253,7 @@ class Coster:
       done = self._piece(term, 1)
       if done.cost is None:
         return None, f"{term.key}: {done.error}"
-      scale = self.model.num_params() / self._layers(1).num_params()
+      scale = self._model(term).num_params() / self._layers(1, term).num_params()
       return Cost().combine(done.cost, 0.0, term.count * scale), ""
     if not term.layers:
       done = self._piece(term, None)
@@ -260,7 +263,7 @@ class Coster:
     one, two = (self._piece(term, n) for n in (1, 2))
     if one.cost is None or two.cost is None:
       return None, f"{term.key}: {one.error or two.error}"
-    L = self.model.n_layers
+    L = self._model(term).n_layers
     per_layer = two.cost.combine(one.cost, 1.0, -1.0)  # c2 - c1
     # XLA may merge or split a piece's collectives differently at 2 layers than at 1 (seen on a chunked prepare:
     # fewer all-gather bytes at 2 layers): a layer adds no negative traffic, so such a difference counts as 0.

@@ -60,6 +60,7 @@ class Term:
   layers: bool = True
   between: tuple[Term, Term, float] | None = None
   per_parameter: bool = False  # elementwise over the parameters (an optimizer step): 1 layer, scaled by their count
+  model: ModelConfig | None = None  # the model whose layers the piece varies (a teacher's); None: the stage's
 
 
 @dataclasses.dataclass

@@ -1,12 +1,13 @@
 """Each stage's programs (rl_lm/aot/programs.py), as its trainer builds and calls them, and what it holds.
 
-  rl            generate (rl_lm/aot/samplers.py), prepare, update (with the value model for PPO, LoRA adapters on a
-                frozen base), the evaluation's samplers, the learned reward's scores
+  rl            generate (rl_lm/aot/samplers.py), the teacher's forward (rl.distill), prepare, update (with the
+                value model for PPO, LoRA adapters on a frozen base, the teacher's head for the JSD), the
+                evaluation's samplers, the learned reward's scores, an LLM judge's forwards
   sft           the update                      reward_model  the update, the scores
   dpo           the reference log-probs, the update            sample   generate
 
 A stage's `resident` buffers are what its trainer keeps on the chips while each program runs: the train state,
-the reference, the context's policy, rollouts in flight, a reward model (`RLTrainer._build_state`,
+the reference, the context's policy, rollouts in flight, a reward model, a teacher, a judge (`RLTrainer._build_state`,
 `stage_run.StageRun.start`). The update's cost is E x M x A micro-batch steps (one micro-batch, E = M = A = 1,
 compiled at its real size) less the (A - 1) optimizer steps per minibatch that those count once too many.
 """
@@ -35,6 +36,7 @@ from rl_lm.aot.programs import (
   batch_sds,
   key_sds,
   per_chip_bytes,
+  replicated_sds,
   sds,
   shardings,
   train_state,
@@ -42,9 +44,11 @@ from rl_lm.aot.programs import (
 from rl_lm.models import build, heads, transformer
 from rl_lm.models import lora as lora_lib
 from rl_lm.models.presets import ModelConfig
+from rl_lm.rewards import judge as judge_lib
 from rl_lm.rl import kl as kl_lib
 from rl_lm.train import dpo, reward_model, rl_update, sft
 from rl_lm.train import state as state_lib
+from rl_lm.train import teacher as teacher_lib
 
 
 def _variant(section: ml_collections.ConfigDict, **changes: Any) -> ml_collections.ConfigDict:
@@ -92,16 +96,23 @@ def rl_state(a: Abstract, model: ModelConfig) -> _RL:
              lcfg)
 
 
+def _count(n: float) -> str:
+  return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
 def _score_fn(model: ModelConfig) -> Any:
   """`reward_model.score_fn`, jitted afresh: that one caches its jit per model, and a cost piece must be traced anew
   (its loops unrolled), never taken from a trace made for the run's program."""
   return jax.jit(lambda p, t, m: heads.last_token_score(model, p, t, m))
 
 
-def _train_batch(a: Abstract, rows: int, length: int, ppo: bool) -> rl_update.TrainBatch:
+def _train_batch(a: Abstract, rows: int, length: int, ppo: bool, teacher: ModelConfig | None = None
+                 ) -> rl_update.TrainBatch:
+  """The update's batch; with `teacher` (the "jsd" loss) its hidden states [rows, length - 1, D'] too."""
   f = lambda dtype: batch_sds(a, (rows, length), dtype)
-  extra = (f(jnp.float32), f(jnp.float32)) if ppo else ()
-  return rl_update.TrainBatch(f(jnp.int32), f(bool), f(bool), *(f(jnp.float32) for _ in range(4)), *extra)
+  hidden = batch_sds(a, (rows, length - 1, teacher.d_model), teacher.compute_dtype) if teacher else None
+  return rl_update.TrainBatch(f(jnp.int32), f(bool), f(bool), *(f(jnp.float32) for _ in range(4)),
+                              f(jnp.float32) if ppo else None, f(jnp.float32) if ppo else None, hidden)
 
 
 def _rollout(a: Abstract, rows: int, length: int) -> sampling.Rollout:
@@ -112,13 +123,6 @@ def _rollout(a: Abstract, rows: int, length: int) -> sampling.Rollout:
 
 def rl_stage(a: Abstract, cost: bool = True) -> Stage:
   config, rl = a.config, a.config.rl
-  if rl.distill.coef:
-    raise ValueError("config.rl.distill.coef: a teacher on the mesh is not compiled ahead of time yet (its prepare "
-                     "scores a second model); check the run without distillation, then add the teacher's weights")
-  judged = sorted({"judge", "judge_pairwise"} & set(config.reward.weights))
-  if judged:
-    raise ValueError(f"config.reward.weights.{judged[0]}: the LLM judge's forward is not compiled ahead of time yet; "
-                     "check the run with another reward, then add the judge's weights")
   ppo = rl.algorithm == "ppo"
   B, P, N = rl.prompts_per_step * rl.group_size, rl.max_prompt_len, config.sampling.max_new_tokens
   T = P + N
@@ -127,10 +131,21 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
   m = B // (M * A)
   s = rl_state(a, a.model)
   lcfg = s.lora
+  # A teacher (rl.distill): its forward a program of its own; with the "jsd" loss its hidden states and its output
+  # head in the update. With on_policy < 1 it also samples, with the policy's sampler and shapes (`generate`).
+  teacher = teacher_lib.model_config(config) if rl.distill.coef else None
+  if teacher is not None:
+    teacher_lib.check_vocabulary(config, a.model, teacher)
+  jsd = teacher if teacher is not None and rl.distill.loss == "jsd" else None
 
   def update_fn(st: _RL, model: ModelConfig, rl_cfg: Any) -> Any:
     return rl_update.make_update_fn(model, rl_cfg, temperature, norm_constant, st.optimizers, st.shardings, a.mesh,
-                                    a.rules, lcfg)
+                                    a.rules, lcfg, jsd)
+
+  def teacher_call(model: ModelConfig) -> Call:  # `model`: the teacher's config (at 1, 2 or all its layers)
+    fn = rl_update.make_teacher_fn(model, rl, temperature, a.mesh, a.rules)
+    return Call(fn, (build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (B, T), jnp.int32),
+                     batch_sds(a, (B, T), bool)))
 
   def prepare_call(model: ModelConfig) -> Call:
     st = rl_state(a, model)
@@ -138,12 +153,17 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     value = st.state.value.params if ppo else None
     scored = rl_update.Scored(batch_sds(a, (B,), jnp.float32), batch_sds(a, (B,), bool), batch_sds(a, (B,), bool),
                               batch_sds(a, (B,), bool))
-    return Call(fn, (st.state.policy.params, st.reference, value, _rollout(a, B, T), scored, st.state.kl.coef))
+    args = (st.state.policy.params, st.reference, value, _rollout(a, B, T), scored, st.state.kl.coef)
+    if teacher is not None:  # the teacher program's output
+      args += (rl_update.TeacherScores(batch_sds(a, (B, T), jnp.float32),
+                                       _train_batch(a, B, T, False, jsd).teacher_hidden),)
+    return Call(fn, args)
 
   def update_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
     st = rl_state(a, model)
-    return Call(update_fn(st, model, rl_cfg), (st.state, _train_batch(a, rows, T, ppo), key_sds(a),
-                                               st.reference if lcfg else None))
+    head = build.abstract_params(jsd, a.mesh, a.rules) if jsd else None  # the update uses its output head
+    return Call(update_fn(st, model, rl_cfg), (st.state, _train_batch(a, rows, T, ppo, jsd), key_sds(a),
+                                               st.reference if lcfg else None, head))
 
   def apply_call(model: ModelConfig) -> Call:
     """One optimizer step of the update (policy, and value with PPO), on gradients shaped like the parameters."""
@@ -184,7 +204,34 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
                      pre_hw, pre_hw, frozenset({"policy.params", "reference", "base", "value.params", "rollout"}),
                      B * T, per_step=True))
 
+  if teacher is not None:
+    fwd = flops.total(flops.scored(teacher, B, T))
+    out.append(Program("rl", "teacher", teacher_call(teacher), [Term(1, "rl/teacher", teacher_call, model=teacher)]
+                       if cost else [], fwd, fwd, frozenset({"teacher", "rollout"}), B * T, per_step=True,
+                       note=f"the teacher's forward ({_count(teacher.num_params())} parameters)"))
+
+  judged = sorted({"judge", "judge_pairwise"} & set(config.reward.weights))
+  judge = teacher_lib.model_config(config, "judge") if judged else None
+  if judge is not None:  # the judge's forwards of a step's rows at their widest (judge.max_len); pairwise: both orders
+    j = config.judge
+    calls = sum(-(-B * (2 if name == "judge_pairwise" else 1) // j.rows) for name in judged)
+    answers = len(j.scale) if "judge" in judged else len(j.choices)
+
+    def judge_call(model: ModelConfig) -> Call:  # `model`: the judge's config (at 1, 2 or all its layers)
+      return Call(judge_lib.make_answers_fn(model, a.mesh, a.rules), (
+        build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (j.rows, j.max_len), jnp.int32),
+        batch_sds(a, (j.rows,), jnp.int32), replicated_sds(a, (answers,), jnp.int32)))
+
+    fwd = calls * flops.total(flops.forward(judge, j.rows, j.max_len, j.max_len, 1))
+    out.append(Program("rl", "judge", judge_call(judge), [Term(calls, "rl/judge", judge_call, model=judge)]
+                       if cost else [], fwd, fwd, frozenset({"judge"}), calls * j.rows * j.max_len, per_step=True,
+                       note=f"{calls} forward(s) of {j.rows} x {j.max_len} tokens a step (judge.max_len: the widest "
+                            f"it pads to)"))
+
   hw, model_flops = flops.training(a.model, B, T, lora=lcfg)
+  if jsd:  # the teacher's logits beside the student's, chunk by chunk: forward only (again in a chunked backward)
+    t_head = flops.scored(jsd, B, T)["head"]
+    hw, model_flops = hw + t_head * (1 + (0 < a.model.logit_chunk < T - 1)), model_flops + t_head
   if ppo:
     v_hw, v_model = flops.training(a.model, B, T, head=False)
     hw, model_flops = hw + v_hw, model_flops + v_model
@@ -193,7 +240,7 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
            Term(-E * M * (A - 1), "rl/update:apply", apply_call, per_parameter=True)] if cost else []
   out.append(Program(
     "rl", "update", update_call(a.model), [t for t in terms if t.count], E * hw, E * model_flops,
-    frozenset({"policy.params", "policy.opt", "value.params", "value.opt", "kl", "base"}), E * B * T,
+    frozenset({"policy.params", "policy.opt", "value.params", "value.opt", "kl", "base", "teacher"}), E * B * T,
     note=f"{E} epoch(s) x {M} minibatch(es) x {A} micro-batch(es) of {m} rows", per_step=True))
 
   eval_cfg = dataclasses.replace(scfg, temperature=config.eval.temperature, greedy=False)
@@ -215,6 +262,10 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     resident["value.params"] = per_chip_bytes(s.state.value.params)
     resident["value.opt"] = per_chip_bytes((s.state.value.step, s.state.value.opt_state))
   resident["rollout"] = per_chip_bytes(_rollout(a, B, T)) * (1 + rl.max_staleness)
+  if teacher is not None:
+    resident["teacher"] = per_chip_bytes(build.abstract_params(teacher, a.mesh, a.rules))
+  if judge is not None:
+    resident["judge"] = per_chip_bytes(build.abstract_params(judge, a.mesh, a.rules))
   if config.reward.learned:
     rm = mesh_lib.abstract_init(lambda r: heads.init(a.model, r), heads.param_axes(a.model), a.mesh, a.rules)
     resident["reward_model"] = per_chip_bytes(rm)

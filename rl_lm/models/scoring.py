@@ -41,6 +41,7 @@ class Teacher(NamedTuple):
   cfg: ModelConfig
   params: transformer.Params
   beta: float  # the divergence, rl_lm.rl.distill.generalized_jsd: 0 forward KL, 1 reverse KL
+  hidden: jax.Array | None = None  # [B, T-1, D'] its final hidden states when made beforehand: not run again
 
 
 def _chunk_scores(cfg: ModelConfig, params: transformer.Params, h: jax.Array, targets: jax.Array,
@@ -65,12 +66,24 @@ def score_tokens(cfg: ModelConfig, params: transformer.Params, tokens: jax.Array
   """The TokenScores of `tokens` [B, T] int32 with real-token `mask` [B, T] bool (see the module docstring).
 
   With a `teacher` (same vocabulary) the scores carry its divergence from this model at every position, made
-  chunk by chunk with the logits (both models' [B, c, V] at a time); no gradient reaches the teacher."""
+  chunk by chunk with the logits (both models' [B, c, V] at a time); no gradient reaches the teacher. Its hidden
+  states are the ones it carries, else its forward here."""
   h = transformer.hidden_states(cfg, params, tokens, mask)[:, :-1]  # [B, T-1, D]: position t - 1 predicts t
-  hs = (h,)
+  th = None
   if teacher is not None:
-    th = transformer.hidden_states(teacher.cfg, jax.lax.stop_gradient(teacher.params), tokens, mask)[:, :-1]
-    hs = (h, jax.lax.stop_gradient(th))
+    th = teacher.hidden
+    if th is None:
+      th = transformer.hidden_states(teacher.cfg, jax.lax.stop_gradient(teacher.params), tokens, mask)[:, :-1]
+    th = jax.lax.stop_gradient(th)
+  return scores_from_hidden(cfg, params, h, tokens, temperature, teacher, th)
+
+
+def scores_from_hidden(cfg: ModelConfig, params: transformer.Params, h: jax.Array, tokens: jax.Array,
+                       temperature: float = 1.0, teacher: Teacher | None = None, th: jax.Array | None = None
+                       ) -> TokenScores:
+  """`score_tokens` from the model's final hidden states h [B, T-1, D] (position t - 1 predicts tokens[:, t]) of
+  `tokens` [B, T]; with a teacher, its hidden states `th` [B, T-1, D'] too."""
+  hs = (h,) if teacher is None else (h, th)
   targets = tokens[:, 1:]  # [B, T-1]
   B, n = targets.shape
   c = cfg.logit_chunk

@@ -33,7 +33,7 @@ host, in numpy, on the answer tokens' log-probs the device sends back ([n, K] a 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -56,6 +56,17 @@ def next_token_logprobs(cfg: ModelConfig, params: transformer.Params, tokens: ja
   last = jnp.take_along_axis(h, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)  # [B, 1, D]
   logits = transformer.logits_from_hidden(cfg, params, last)[:, 0]  # [B, V]
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def make_answers_fn(cfg: ModelConfig, mesh: Any = None, rules: mesh_lib.Rules = mesh_lib.DEFAULT_RULES) -> Callable:
+  """jit(params, tokens [rows, L] int32, lengths [rows] int32, ids [K] int32) -> [rows, K] float32: the judge's
+  log-probs of the answer tokens `ids` after each right-padded prompt. What `JudgeModel` runs and `rl_lm.aot`
+  compiles."""
+
+  def answers(params: Any, tokens: jax.Array, lengths: jax.Array, ids: jax.Array) -> jax.Array:
+    return next_token_logprobs(cfg, params, tokens, lengths)[:, ids]  # [rows, K]
+
+  return jax.jit(mesh_lib.bind(answers, mesh, rules))
 
 
 def padded_length(longest: int, max_len: int) -> int:
@@ -129,10 +140,7 @@ class JudgeModel:
     self.mesh = mesh
     self._sharding = mesh_lib.batch_sharding(mesh, rules, (rows,)) if mesh is not None else None
 
-    def answers(params: Any, tokens: jax.Array, lengths: jax.Array, ids: jax.Array) -> jax.Array:
-      return next_token_logprobs(cfg, params, tokens, lengths)[:, ids]  # [rows, K]
-
-    self._answers = jax.jit(mesh_lib.bind(answers, mesh, rules) if mesh is not None else answers)
+    self._answers = make_answers_fn(cfg, mesh, rules)
 
   def token_id(self, text: str, key: str) -> int:
     """The one token `text` is to the judge's tokenizer; refuses a text of several tokens, naming `key`."""

@@ -3,10 +3,13 @@
   batch    = source.next(step)                            rl_lm/train/source.py: prompts from the curriculum,
                                                           rollouts (sampled ahead, dynamic sampling) or episodes,
                                                           scored on the host; tokens stay on device
+  teacher  = teacher(teacher_params, batch)               jit, with a teacher (rl.distill): its log-probs (and
+                                                          hidden states for the JSD), a call of its own whose
+                                                          failure masks the step's rows, not the run
   train    = prepare(policy, reference, value, batch)     jit: old / reference log-probs, values, advantages
                                                           (group-relative | leave-one-out | GAE | REINFORCE++),
                                                           KL penalty, IS weights, rollout diagnostics; with
-                                                          a teacher (rl.distill) its per-token reward too
+                                                          a teacher its per-token reward too
   state    = update(state, train)                         jit (rl_update.py): epochs x minibatches as lax.scan,
                                                           the policy loss (rl/policy_losses.py), KL controller
   log; alarms; evaluation every N steps; checkpoints
@@ -25,6 +28,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rl_lm import diagnostics, evaluation, health, keys
@@ -112,8 +116,10 @@ class RLTrainer:
     self.update_fn = rl_update.make_update_fn(ctx.model_cfg, rl, self.temperature, self.norm_constant,
                                               (self.policy_opt, self.value_opt), shardings, ctx.mesh, ctx.rules,
                                               self.lora, teacher_cfg)
-    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora,
-                                                teacher_cfg)
+    self.prepare_fn = rl_update.make_prepare_fn(ctx.model_cfg, rl, self.temperature, ctx.mesh, ctx.rules, self.lora)
+    if self.teacher:
+      self.teacher_fn = rl_update.make_teacher_fn(teacher_cfg, rl, self.temperature, ctx.mesh, ctx.rules)
+      self._failed_teacher_fn: Any = None  # made at the teacher's first failure
     if self.teacher and rl.distill.on_policy < 1:  # some steps sample from the teacher, with the policy's sampler
       teacher_lib.check_samples(ctx.model_cfg, self.teacher.model_cfg, self.lora)
       self.source.teacher_params = self.teacher.params
@@ -137,11 +143,12 @@ class RLTrainer:
       host = batch.host
       scored = self._device(rl_update.Scored(host.scores, host.valid, self.source.trains(batch), host.success))
       teacher = self.teacher and self.teacher.params
+      teacher_scores, teacher_error = self._score_teacher(step, batch.device) if self.teacher else (None, None)
       by_student = None  # with on_policy < 1: whether the student sampled this step's rollouts
       if self.rl.distill.on_policy < 1:
         by_student = mesh_lib.put(np.float32(not batch.by_teacher), mesh_lib.replicated(self.ctx.mesh))
       train_batch, rollout_metrics = self.prepare_fn(self.state.policy.params, self.reference, value, batch.device,
-                                                     scored, self.state.kl.coef, teacher, by_student)
+                                                     scored, self.state.kl.coef, teacher_scores, by_student)
       jax.block_until_ready(train_batch)
     with diagnostics.timed(timings, "update"):  # epochs x minibatches, then the KL controller, in one jit
       key = keys.fold(self.ctx.key, 4, step)
@@ -155,6 +162,8 @@ class RLTrainer:
       metrics["dynamic/zero_variance_frac_trained"] = metrics["groups/zero_variance_frac"]
     metrics.update(stats)
     metrics.update(self.source.metrics(batch, seen, timings))
+    if self.teacher:
+      metrics["distill/teacher_error"] = float(teacher_error is not None)
     if self.rl.distill.on_policy < 1:
       metrics["distill/teacher_step"] = float(batch.by_teacher)
     if batch.by_teacher:  # the rollout's own account describes the teacher's samples: logged apart, not alarmed on
@@ -162,6 +171,36 @@ class RLTrainer:
       metrics = {(f"teacher_samples/{k}" if k in own or k.startswith(("rollout/", "groups/")) else k): v
                  for k, v in metrics.items()}
     return metrics
+
+  def _score_teacher(self, step: int, rollout: Any) -> tuple[rl_update.TeacherScores, str | None]:
+    """The teacher's scores of the rollout, and None; or, when its forward raises (an XLA runtime error, a host
+    failure), scores that fail every row (non-finite log-probs: `prepare` masks the rows and counts them in
+    distill/teacher_invalid_frac, which alarms; the update then takes no step) and the error, logged. The run goes
+    on: a teacher that fails every step shows as that alarm at every step. (On a multi-host mesh the failure must
+    reach every process, as an error of the collective program does; one that fails alone would stall the
+    others at their next collective, as any host-side failure does.)"""
+    attn = rollout.prompt_mask | rollout.completion_mask
+    try:
+      return jax.block_until_ready(self.teacher_fn(self.teacher.params, rollout.tokens, attn)), None
+    except Exception as e:  # noqa: BLE001 -- any failure of the teacher is its rows', counted and alarmed
+      error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+      self.log(f"rl: step {step}: the teacher's forward failed ({error}); its {rollout.tokens.shape[0]} rows are "
+               "masked (distill/teacher_invalid_frac)")
+      return self._failed_teacher(rollout.tokens), error
+
+  def _failed_teacher(self, tokens: jax.Array) -> rl_update.TeacherScores:
+    """TeacherScores shaped and placed like the teacher's own, every log-prob nan (hidden states 0: finite)."""
+    if self._failed_teacher_fn is None:
+      cfg, jsd = self.teacher.model_cfg, self.rl.distill.loss == "jsd"
+
+      def failed(tokens: jax.Array) -> rl_update.TeacherScores:  # [B, T] -> logp [B, T], hidden [B, T-1, D']
+        B, T = tokens.shape
+        logp = mesh_lib.constrain(jnp.full((B, T), jnp.nan, jnp.float32), ("batch", None))
+        hidden = jnp.zeros((B, T - 1, cfg.d_model), cfg.compute_dtype)
+        return rl_update.TeacherScores(logp, mesh_lib.constrain(hidden, ("batch", None, None)) if jsd else None)
+
+      self._failed_teacher_fn = jax.jit(mesh_lib.bind(failed, self.ctx.mesh, self.ctx.rules))
+    return self._failed_teacher_fn(tokens)
 
   def _device(self, tree: Any) -> Any:
     """Host [B] arrays onto the mesh, the batch sharded like the rollout's."""

@@ -1,7 +1,9 @@
-"""The two jitted halves of an RL step (rl_lm/train/rl.py): `prepare` and `update`, both on device.
+"""The two jitted halves of an RL step (rl_lm/train/rl.py): `prepare` and `update`, both on device; with a
+teacher, its forward before them as a call of its own.
 
-  prepare(policy, reference, value, rollout, scored, kl_coef) -> (TrainBatch, rollout diagnostics)
-  update(state, batch, key)                                   -> (state, update metrics)
+  teacher(teacher_params, tokens, attn)                                -> TeacherScores
+  prepare(policy, reference, value, rollout, scored, kl_coef[, teacher]) -> (TrainBatch, rollout diagnostics)
+  update(state, batch, key)                                            -> (state, update metrics)
 
 Between the sampler and the optimizer nothing leaves the device: the rollout's token arrays stay where the
 sampler wrote them, the host sends the scores once (`Scored`), and only scalar metrics come back.
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 
 from rl_lm import diagnostics, sampling
 from rl_lm import mesh as mesh_lib
-from rl_lm.models import heads, lora, scoring
+from rl_lm.models import heads, lora, scoring, transformer
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rl import advantages as adv_lib
 from rl_lm.rl import correction, distill, losses, masked, policy_losses
@@ -56,6 +58,14 @@ class TrainBatch(NamedTuple):
   is_weights: jax.Array
   old_values: jax.Array | None = None
   returns: jax.Array | None = None
+  teacher_hidden: jax.Array | None = None  # [B, T-1, D'] the teacher's final hidden states (rl.distill.loss "jsd")
+
+
+class TeacherScores(NamedTuple):
+  """The teacher's forward on a rollout, made by `make_teacher_fn` before `prepare`."""
+
+  logp: jax.Array  # [B, T] float32, aligned like the policy's log-probs; non-finite where the teacher failed
+  hidden: jax.Array | None = None  # [B, T-1, D'] its final hidden states, for the "jsd" loss of the update
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,11 +102,45 @@ def policy_params(trainable: Any, reference: Any, lora_cfg: lora.LoraConfig | No
   return lora.combine(reference, trainable, lora_cfg) if lora_cfg else trainable
 
 
+def row_chunks(fn: Callable, c: int, *xs: jax.Array) -> Any:
+  """fn over the rows of xs ([B, ...] each) in c chunks, one after another (peak memory / c): chunk i holds rows i,
+  i + c, i + 2c, ..., so that every chunk is spread over the batch's shards alike. Outputs [B, ...] as fn's."""
+  if c == 1:
+    return fn(*xs)
+  B = xs[0].shape[0]
+  split = lambda x: x.reshape(B // c, c, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731 -- [B, ...] -> [c, B/c, ...]
+  out = jax.lax.map(lambda ys: fn(*ys), tuple(split(x) for x in xs))
+  return jax.tree.map(lambda y: y.swapaxes(0, 1).reshape(B, *y.shape[2:]), out)
+
+
+def make_teacher_fn(teacher_cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules
+                    ) -> Callable:
+  """jit(teacher, tokens [B, T], attn [B, T]) -> TeacherScores: the frozen teacher's per-token log-probs of a
+  rollout, and with `rl.distill.loss` = "jsd" its final hidden states for the update (its forward is then not run
+  again per minibatch; the update makes its logits chunk by chunk from them). Rows in `rl.prepare_chunks` chunks.
+
+  A call of its own, not fused into `prepare`, so that the RL step can catch the teacher's failure (a crash) and
+  mask its rows (rl_lm/train/rl.py), as it masks the rows the teacher scores non-finitely."""
+  keep_hidden = rl.distill.loss == "jsd"
+
+  def teacher_scores(teacher: Any, tokens: jax.Array, attn: jax.Array) -> TeacherScores:
+    def one(tokens: jax.Array, attn: jax.Array) -> TeacherScores:
+      h = transformer.hidden_states(teacher_cfg, teacher, tokens, attn)[:, :-1]  # [b, T-1, D']
+      logp = scoring.scores_from_hidden(teacher_cfg, teacher, h, tokens, temperature).logp  # [b, T]
+      return TeacherScores(logp, h if keep_hidden else None)
+
+    out = row_chunks(one, rl.prepare_chunks, tokens, attn)
+    hidden = out.hidden if out.hidden is None else mesh_lib.constrain(out.hidden, ("batch", None, None))
+    return TeacherScores(mesh_lib.constrain(out.logp, ("batch", None)), hidden)
+
+  return jax.jit(mesh_lib.bind(teacher_scores, mesh, rules))
+
+
 def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, rules: mesh_lib.Rules,
-                    lora_cfg: lora.LoraConfig | None = None, teacher_cfg: ModelConfig | None = None) -> Callable:
+                    lora_cfg: lora.LoraConfig | None = None) -> Callable:
   """jit(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef, teacher=None, by_student=None)
-  -> (TrainBatch, metrics). `policy` is the trainable tree (the adapters, with `lora_cfg`); `teacher` the frozen
-  teacher's parameters (model `teacher_cfg`) when `rl.distill.coef` > 0.
+  -> (TrainBatch, metrics). `policy` is the trainable tree (the adapters, with `lora_cfg`); `teacher` the
+  TeacherScores of the rollout (`make_teacher_fn`) when `rl.distill.coef` > 0.
 
   Everything between the scores and the update: old and reference log-probs, values, advantages (with the
   KL penalty in the reward when configured, and the distillation reward with a teacher), truncated importance
@@ -110,34 +154,28 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
   distilling = rl.distill.coef > 0
 
   def prepare(policy, reference, value, rollout: sampling.Rollout, scored: Scored, kl_coef: jax.Array,
-              teacher: Any = None, by_student: jax.Array | None = None):
+              teacher: TeacherScores | None = None, by_student: jax.Array | None = None):
+    if distilling and teacher is None:
+      raise ValueError("rl.distill.coef > 0: prepare needs the teacher's scores (make_teacher_fn)")
     comp = rollout.completion_mask  # [B, T]
     attn = rollout.prompt_mask | comp
     policy = policy_params(policy, reference, lora_cfg)
 
-    def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 to 5 x [b, T]
+    def score(tokens: jax.Array, attn: jax.Array) -> tuple[jax.Array, ...]:  # [b, T] -> 3 or 4 x [b, T]
       s = scoring.score_tokens(cfg, policy, tokens, attn, temperature)
       logp, entropy = s.logp, s.entropy
       ref_logp = scoring.score_tokens(cfg, reference, tokens, attn, temperature).logp
-      out = (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
-      return out + ((scoring.score_tokens(teacher_cfg, teacher, tokens, attn, temperature).logp,) if distilling else ())
+      return (logp, entropy, ref_logp) + ((token_values(cfg, value, tokens, attn),) if is_ppo else ())
 
-    c = rl.prepare_chunks
-    if c == 1:
-      scores = score(rollout.tokens, attn)
-    else:  # chunk i holds rows i, i + c, i + 2c, ...: every chunk spread over the batch's shards alike
-      B = attn.shape[0]
-      split = lambda x: x.reshape(B // c, c, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731 -- [B, T] -> [c, B/c, T]
-      scores = jax.lax.map(lambda xs: score(*xs), (split(rollout.tokens), split(attn)))
-      scores = tuple(y.swapaxes(0, 1).reshape(B, *y.shape[2:]) for y in scores)
+    scores = row_chunks(score, rl.prepare_chunks, rollout.tokens, attn)
     old_logp, entropy, ref_logp = scores[:3]  # [B, T] each
     values = scores[3] if is_ppo else None
     adv, returns = advantages(rl, scored.scores, scored.trains, comp, old_logp, ref_logp, values, kl_coef)
     metrics: dict[str, jax.Array] = {}
     trains_rows = scored.trains  # [B]
     if distilling:  # a row the teacher scored non-finitely is its failure: masked and counted, never a 0
-      teacher_ok = jnp.all(jnp.isfinite(scores[-1]) | ~comp, axis=1)  # [B]
-      teacher_logp = jnp.where(comp & teacher_ok[:, None], scores[-1], 0.0)
+      teacher_ok = jnp.all(jnp.isfinite(teacher.logp) | ~comp, axis=1)  # [B]
+      teacher_logp = jnp.where(comp & teacher_ok[:, None], teacher.logp, 0.0)
       trains_rows = trains_rows & teacher_ok
       trains = comp & trains_rows[:, None]
       if rl.distill.loss == "reward":  # the teacher's per-token reward on the student's own samples
@@ -165,7 +203,8 @@ def make_prepare_fn(cfg: ModelConfig, rl: Any, temperature: float, mesh: Any, ru
     if by_student is not None:  # the teacher sampled: its tokens all train the divergence, unweighted
       is_w, keep = jnp.where(by_student > 0, is_w, 1.0), jnp.where(by_student > 0, keep, comp)
     mask = keep & trains_rows[:, None]
-    return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns), metrics
+    hidden = teacher.hidden if distilling else None
+    return TrainBatch(rollout.tokens, attn, mask, old_logp, ref_logp, adv, is_w, values, returns, hidden), metrics
 
   return jax.jit(mesh_lib.bind(prepare, mesh, rules))
 
@@ -201,7 +240,8 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   With `lora_cfg` the policy state holds the adapters and `frozen` is the base they ride on (the reference
   policy, never donated); gradients and optimizer state exist for the adapters only. With `rl.distill.loss` =
   "jsd", `teacher` holds the teacher's parameters (model `teacher_cfg`) and the loss adds `rl.distill.coef` times
-  the generalised JSD to it over the batch's trained tokens (aggregated like the policy loss).
+  the generalised JSD to it over the batch's trained tokens (aggregated like the policy loss); the teacher's
+  logits come from its hidden states in the batch (`TrainBatch.teacher_hidden`) and its output head.
 
   The whole optimisation of one step runs inside: `rl.epochs` passes, each over a permutation of the B rows
   drawn on device from `key`, cut into `rl.minibatches` optimizer steps of `rl.grad_accum` micro-batches
@@ -219,7 +259,7 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
   def micro_loss(params, mb: TrainBatch, kl_coef, frozen, teacher):
     policy, value = params
     policy = policy_params(policy, frozen, lora_cfg)
-    against = scoring.Teacher(teacher_cfg, teacher, rl.distill.beta) if jsd else None
+    against = scoring.Teacher(teacher_cfg, teacher, rl.distill.beta, mb.teacher_hidden) if jsd else None
     scores = scoring.score_tokens(cfg, policy, mb.tokens, mb.attn_mask, temperature, against)  # [m, T] each
     logp, ent = scores.logp, scores.entropy
     mask = mb.mask
@@ -274,9 +314,12 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
     (grads, metrics), _ = jax.lax.scan(micro, zeros, (minibatch, weights))
 
     # One step for policy and value together: taken only when every gradient and both updated states are
-    # finite, else both states are kept as they were.
+    # finite, else both states are kept as they were (a skipped step). A minibatch with no trained token (every row
+    # masked: a teacher that failed, verifier faults) takes no step either, uncounted: its gradient is 0, and the
+    # optimizer's momentum and weight decay alone would still move the weights.
     policy_grads, value_grads = grads
     ok = jnp.isfinite(state_lib.global_norm(grads))
+    live = jnp.any(minibatch.mask)
     metrics["train/grad_norm"] = state_lib.global_norm(policy_grads)
     new_policy, metrics["train/update_norm"] = state_lib.propose(state.policy, policy_grads, policy_opt)
     ok = ok & state_lib.all_finite((new_policy.params, new_policy.opt_state))
@@ -285,9 +328,9 @@ def make_update_fn(cfg: ModelConfig, rl: Any, temperature: float, norm_constant:
       metrics["value/grad_norm"] = state_lib.global_norm(value_grads)
       new_value, metrics["value/update_norm"] = state_lib.propose(state.value, value_grads, value_opt)
       ok = ok & state_lib.all_finite((new_value.params, new_value.opt_state))
-      new_value = state_lib.accept(ok, new_value, state.value)
+      new_value = state_lib.accept(ok & live, new_value, state.value)
     metrics["train/skipped"] = (~ok).astype(jnp.float32)
-    return RLState(state_lib.accept(ok, new_policy, state.policy), new_value, state.kl), metrics
+    return RLState(state_lib.accept(ok & live, new_policy, state.policy), new_value, state.kl), metrics
 
   def epoch(state: RLState, key: jax.Array, batch: TrainBatch, frozen: Any, teacher: Any
             ) -> tuple[RLState, dict[str, jax.Array]]:

@@ -1,7 +1,8 @@
 """The teacher: one more frozen model on the policy's mesh (`config.teacher`), beside the reference.
 
 Its parameters are placed by the same logical-axis rules as the policy's and scored by the same chunked forward
-(`models.scoring.score_tokens`) inside `prepare`: no second server, no weight sync. It keeps no optimizer state
+(`rl_update.make_teacher_fn`, a jitted call of its own before `prepare`, so that its failure masks the step's rows
+rather than stopping the run): no second server, no weight sync. It keeps no optimizer state
 and is stored in `teacher.param_dtype` (bfloat16 by default), so it costs its weights alone: 2 bytes a parameter.
 
 Distillation compares the two models' log-probs of the same token ids, so the teacher must share the policy's
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import ml_collections
 
 from rl_lm.config.section import ConfigError
 from rl_lm.models import build, presets
@@ -76,6 +78,18 @@ def check_samples(policy_cfg: ModelConfig, teacher_cfg: ModelConfig, lora_cfg: A
                       f"does not run {why}: set on_policy = 1 (the student's samples only)")
 
 
+def model_config(config: Any, section: str = "teacher") -> ModelConfig:
+  """The ModelConfig `load` builds for `config.<section>`, without reading weights (a Hugging Face folder's
+  config.json, or the preset's): what `rl_lm.aot` compiles the frozen model's programs for."""
+  t = config[section]
+  if t.hf_checkpoint:
+    return build.config_of(ml_collections.ConfigDict(
+      {"hf_checkpoint": t.hf_checkpoint, "dtype": t.dtype, "param_dtype": t.param_dtype, "remat": False,
+       "logit_chunk": config.model.logit_chunk}))
+  return presets.get(t.preset or config.model.preset, dtype=t.dtype, param_dtype=t.param_dtype,
+                     logit_chunk=config.model.logit_chunk)
+
+
 def load(config: Any, ctx: Context, log: Callable[[str], Any] = print, section: str = "teacher") -> Frozen:
   """`config.<section>` on `ctx.mesh`: a Hugging Face folder, or the "params" of an rl_lm checkpoint of a preset.
   The teacher (section "teacher") must share the policy's vocabulary; a judge ("judge") reads re-tokenised text."""
@@ -86,8 +100,7 @@ def load(config: Any, ctx: Context, log: Callable[[str], Any] = print, section: 
     cfg, params = hf.load(t.hf_checkpoint, mesh=ctx.mesh, rules=ctx.rules, dtype=t.dtype, param_dtype=t.param_dtype)
     cfg, source = cfg.replace(logit_chunk=config.model.logit_chunk), t.hf_checkpoint
   else:
-    cfg = presets.get(t.preset or config.model.preset, dtype=t.dtype, param_dtype=t.param_dtype,
-                      logit_chunk=config.model.logit_chunk)
+    cfg = model_config(config, section)
     params = stage_run.load_params(t.init_from, build.abstract_params(cfg, ctx.mesh, ctx.rules))
     source = f"{t.init_from} (preset {t.preset or config.model.preset})"
   if section == "teacher":
