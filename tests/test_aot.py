@@ -147,6 +147,19 @@ def test_collectives_are_counted_with_their_bytes():
   assert hlo.describe(found) == "AG 1: 4.0 MiB, RS 1: 4.0 KiB, AR 1: 4.0 KiB, CP 1: 2.0 KiB"
 
 
+def test_a_collective_continued_through_a_chain_of_fusions_counts_once():
+  """XLA:TPU writes one all-gather (one channel id, a chain_id) into each async collective fusion of its chain, as in a
+  Qwen2.5-0.5B decode step's table gather: it runs once. Unchained instructions all count, even alike ones."""
+  gather = ("  %all-gather.{i} = bf16[151936,896]{{0,1:T(8,128)(2,1)}} all-gather(%param_0.{i}), channel_id=25, "
+            "replica_groups=mesh['axis_0'=1,'axis_1'=8] {{'axis_1'}}, dimensions={{1}}, use_global_device_ids=true, "
+            'frontend_attributes={{chain_id="0"}}, metadata={{op_name="jit(wrapped)/btd,vd->btv/dot_general"}}')
+  other = ("  %all-gather.9{i} = bf16[896,896]{{0,1}} all-gather(%p.{i}), channel_id=1{i}, "
+           "replica_groups=mesh['axis_0'=1,'axis_1'=8] {{'axis_1'}}, dimensions={{1}}")
+  text = "\n".join([gather.format(i=i) for i in range(11)] + [other.format(i=i) for i in range(2)])
+  assert hlo.collectives(text)["all-gather"] == [3, 151936 * 896 * 2 + 2 * 896 * 896 * 2]
+  assert hlo.across_hosts(text, per_host=4, devices=8) == 151936 * 896 * 2 + 2 * 896 * 896 * 2
+
+
 @pytest.mark.parametrize("line, expected", [
   ("replica_groups={{0,2},{1,3}}, dimensions={0}", [[0, 2], [1, 3]]),
   ("source_target_pairs={{0,1},{1,0}}, channel_id=3", [[0, 1], [1, 0]]),
