@@ -126,6 +126,23 @@ def tree_shardings(mesh: Mesh, rules: Rules, abstract: Any, axes: Any) -> Any:
   )
 
 
+def without_axis(rules: Rules, axis: str, keep: Sequence[str] = ("batch",)) -> Rules:
+  """`rules` with the mesh axis `axis` taken out of every logical axis but those in `keep`: what was sharded over
+  it is replicated over it (the sampler's gathered weights, `rollout.Sampler`), the batch still split over it."""
+  return tuple((name, axes if name in keep else tuple(a for a in _norm_axes(axes) if a != axis))
+               for name, axes in rules)
+
+
+def drop_axis(sharding: NamedSharding, axis: str) -> NamedSharding:
+  """`sharding` replicated over the mesh axis `axis` (every other dimension split as before)."""
+
+  def entry(e: Any) -> Any:
+    names = tuple(n for n in _norm_axes(e) if n != axis)
+    return None if not names else names[0] if len(names) == 1 else names
+
+  return NamedSharding(sharding.mesh, PartitionSpec(*(entry(e) for e in sharding.spec)))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 

@@ -259,6 +259,7 @@ def test_model_config_comes_from_a_checkpoints_config_json_alone(tmp_path):
 
 @pytest.mark.parametrize("config_name, overrides", [
   ("ppo:smoke", {"model.lora.rank": 4, "rl.sampler_dtype": "bfloat16"}),  # sft, rl: a value model, LoRA adapters
+  ("default:smoke", {"rl.sampler_gather": True}),  # the sampler's weights gathered over fsdp
   ("rlhf_ppo:smoke", {"sampling.slots": 8}),  # sft, reward_model, rl on the learned reward; continuous batching
   ("dpo:smoke", {}),
   ("distill:gkd_smoke", {"teacher.preset": "tiny"}),  # rl with a teacher of another depth: its forward, its head
@@ -295,10 +296,16 @@ def test_every_program_of_every_stage_lowers(config_name, overrides):
           call.fn.lower(*call.args)
       assert p.expected > 0 or not p.cost, p.label
   expected = {"ppo": {"sft/update", "rl/generate", "rl/generate:decode", "rl/prepare", "rl/update", "rl/eval"},
+              "default": {"rl/generate", "rl/generate:decode", "rl/eval"},
               "rlhf_ppo": {"reward_model/update", "reward_model/score", "rl/reward_score", "rl/generate:decode"},
               "dpo": {"dpo/update", "dpo/reference_logprobs"}, "distill": {"rl/teacher", "rl/prepare", "rl/update"},
               "rlaif": {"rl/judge", "rl/update"}}
   assert expected[module] <= names, names
+  if module == "default":  # the sampler's own copy of the weights, whole over fsdp; the training state split over it
+    programs_ = {p.label: p for stage in built for p in stage.programs}
+    spec = lambda tree: {str(x.sharding.spec) for x in jax.tree.leaves(tree)}  # noqa: E731
+    assert not any("fsdp" in s for s in spec(programs_["rl/generate"].memory.args[0]))
+    assert any("fsdp" in s for s in spec(programs_["rl/update"].memory.args[0]))
 
 
 # ------------------------------------------------------------------------------------------------

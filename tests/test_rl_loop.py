@@ -191,7 +191,8 @@ def assert_tree_close(a: Any, b: Any, atol: float) -> float:
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch):
   """Same seed, same step on meshes (1, 1, 1) and (2, 2, 2): equal tokens, metrics and updated parameters. The
-  8-device run also scores its rows in 4 chunks in `prepare` (`rl.prepare_chunks`), the 1-device run at once.
+  8-device run also scores its rows in 4 chunks in `prepare` (`rl.prepare_chunks`), the 1-device run at once, and
+  for GRPO samples with the weights gathered over fsdp (`rl.sampler_gather`).
 
   AdamW is replaced by SGD (same clip) for this test only: Adam's first step is lr * g / (|g| + eps), which
   turns the float32 rounding noise of near-zero gradient entries (|g| ~ 1e-8, summed in a different order
@@ -208,11 +209,16 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
     else:  # every device, through the run's own path
       config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
       config.rl.prepare_chunks = 4  # 8 rows a chunk, strided: each chunk spread over the 4 batch shards
+      config.rl.sampler_gather = algorithm == "grpo"  # GRPO samples with the weights gathered over fsdp
       ctx = make_context(config, str(tmp_path))
       assert ctx.mesh.devices.shape == shape
     trainer = RLTrainer(ctx, log=lambda _: None)
     if shape == (1, 1, 1):
       initial = jax.device_get(trainer.reference)  # the policy before the step
+    elif algorithm == "grpo":  # sharded over fsdp for training, whole over it for sampling (the same tokens, below)
+      specs = lambda tree: {str(x.sharding.spec) for x in jax.tree.leaves(tree)}  # noqa: E731
+      assert any("fsdp" in spec for spec in specs(trainer.policy()))
+      assert not any("fsdp" in spec for spec in specs(trainer.source.sampler.params(trainer.policy())))
     runs[shape] = record(trainer)
   one, eight = runs[(1, 1, 1)], runs[(2, 2, 2)]
 
@@ -236,14 +242,15 @@ def test_sharded_step_equals_single_device_step(algorithm, tmp_path, monkeypatch
     assert_tree_close(one.value_params, eight.value_params, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["grpo", "ppo on 8 devices, sampled ahead, dynamic sampling, refilled slots"])
+@pytest.mark.parametrize("variant", ["grpo", "ppo on 8 devices, sampled ahead, dynamic sampling, refilled slots, "
+                                     "the sampler's weights gathered"])
 def test_the_rl_step_makes_every_transfer_explicit(variant, tmp_path):
   """After the first step (compiles, the first placements), a step runs under jax.transfer_guard("disallow"):
   every move between host and device is written out (device_put, mesh_lib.put / fetch), none is implicit. Keys
   derive from host integers with `keys.fold`, the sampler's stop tokens and budgets are placed explicitly, and
   the host's statistics between steps are numpy."""
   extra = {} if variant == "grpo" else dict(algorithm="ppo", kl__placement="reward", max_staleness=1,
-                                            dynamic_sampling=True)
+                                            dynamic_sampling=True, sampler_gather=True)
   config = smoke_config(**extra)
   if variant != "grpo":
     config.sampling.slots = 4

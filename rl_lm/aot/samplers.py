@@ -40,6 +40,13 @@ class SamplerSpec:
   prompt_len: int
   params: Callable[[ModelConfig], Any]  # the policy's parameters, for a model config
   through_sampler: bool = True  # they pass `rollout.Sampler.params` (the "sample" stage calls generate directly)
+  gather: bool = False  # `rl.sampler_gather`: the weights whole over the fsdp axis (`rollout.Sampler`)
+
+
+def _rules(a: Abstract, spec: SamplerSpec) -> mesh_lib.Rules:
+  """The rules the sampler's programs run by: with `gather` (and an fsdp axis), nothing but the rows over fsdp."""
+  gathered = spec.gather and spec.through_sampler and a.mesh.shape.get("fsdp", 1) > 1
+  return mesh_lib.without_axis(a.rules, "fsdp") if gathered else a.rules
 
 
 def _inputs(a: Abstract, spec: SamplerSpec) -> tuple:
@@ -54,14 +61,17 @@ def _cast(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Any:
   params = spec.params(model)
   if not spec.through_sampler:
     return params
-  if model.compute_dtype != jnp.float32:
-    params = jax.tree.map(lambda x: sds(x.shape, model.compute_dtype, x.sharding), params)
+  rules, dtype = _rules(a, spec), model.compute_dtype
+  if rules is not a.rules:  # gathered over fsdp, once a rollout
+    params = jax.tree.map(lambda x: sds(x.shape, x.dtype, mesh_lib.drop_axis(x.sharding, "fsdp")), params)
+  if dtype != jnp.float32:
+    params = jax.tree.map(lambda x: sds(x.shape, dtype, x.sharding), params)
   embed = params["embed"]
-  return {**params, "embed": sds(embed.shape, embed.dtype, rollout.embed_sharding(a.mesh, a.rules, embed.shape))}
+  return {**params, "embed": sds(embed.shape, embed.dtype, rollout.embed_sharding(a.mesh, rules, embed.shape))}
 
 
 def _prefill_call(a: Abstract, spec: SamplerSpec, model: ModelConfig) -> Call:
-  fn = jax.jit(mesh_lib.bind(functools.partial(drivers.prefill, model, spec.scfg), a.mesh, a.rules))
+  fn = jax.jit(mesh_lib.bind(functools.partial(drivers.prefill, model, spec.scfg), a.mesh, _rules(a, spec)))
   return Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
 
 
@@ -71,7 +81,8 @@ def _step_call(a: Abstract, spec: SamplerSpec, model: ModelConfig, start: Callab
   leaves; the state is donated, as inside the loop the cache is written in place, never copied."""
   params = _cast(a, spec, model)
   reqs, state = jax.eval_shape(start, params, *_inputs(a, spec))
-  fn = jax.jit(mesh_lib.bind(functools.partial(engine.step, model, spec.scfg, window, lockstep), a.mesh, a.rules),
+  fn = jax.jit(mesh_lib.bind(functools.partial(engine.step, model, spec.scfg, window, lockstep), a.mesh,
+                             _rules(a, spec)),
                donate_argnums=2)
   results = ("tokens", "logp", "valid", "stopped")  # one row per request; the rest one per cache row
   state = state._replace(**{k: by_rows(a, v, spec.rows if k in results else rows) for k, v in state._asdict().items()})
@@ -107,7 +118,7 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
   decode step apart (cost: the decode step against the HBM roofline). Without `cost`, the call alone, `note`d."""
   model, scfg, B, P = spec.model, spec.scfg, spec.rows, spec.prompt_len
   N = scfg.max_new_tokens
-  fn = drivers.jit_generate(model, scfg, a.mesh, a.rules)
+  fn = drivers.jit_generate(model, scfg, a.mesh, _rules(a, spec))
   memory = Call(fn, (_cast(a, spec, model), *_inputs(a, spec)))
   name = spec.name
   if not cost:

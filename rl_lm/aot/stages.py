@@ -192,8 +192,10 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
   sampler_model = a.model.replace(dtype=rl.sampler_dtype) if rl.sampler_dtype else a.model
   scfg = samplers.sampling_config(a)
   rollout_uses = frozenset({"rollout"})
-  own = frozenset() if sampler_model.compute_dtype != jnp.float32 else frozenset({"policy.params", "base"})
-  spec = samplers.SamplerSpec("generate", sampler_model, scfg, B, P, sampler_params)
+  gather = rl.sampler_gather and a.mesh.shape.get("fsdp", 1) > 1  # the sampler's own copy, whole over fsdp
+  copied = sampler_model.compute_dtype != jnp.float32 or gather
+  own = frozenset() if copied else frozenset({"policy.params", "base"})
+  spec = samplers.SamplerSpec("generate", sampler_model, scfg, B, P, sampler_params, gather=rl.sampler_gather)
   out = samplers.sampler_programs(a, "rl", spec, own | rollout_uses, cost, per_step=True)
 
   pre_hw = 2 * flops.total(flops.scored(a.model, B, T)) + (flops.total(flops.scored(a.model, B, T, False)) if ppo
@@ -244,7 +246,8 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     note=f"{E} epoch(s) x {M} minibatch(es) x {A} micro-batch(es) of {m} rows", per_step=True))
 
   eval_cfg = dataclasses.replace(scfg, temperature=config.eval.temperature, greedy=False)
-  spec = samplers.SamplerSpec("eval", sampler_model, eval_cfg, config.eval.rows, P, sampler_params)
+  spec = samplers.SamplerSpec("eval", sampler_model, eval_cfg, config.eval.rows, P, sampler_params,
+                              gather=rl.sampler_gather)
   out += samplers.sampler_programs(a, "rl", spec, own | rollout_uses, cost=False,
                                    note="memory only: it runs between steps; rl/generate:decode is its step")
   if config.eval.greedy:  # the same shapes and cache as the sampled evaluation; the draw an argmax

@@ -206,6 +206,10 @@ class Rl(Section):
   scale_by_std: bool = True  # grpo: divide by the group std (False is Dr. GRPO)
   entropy_coef: float = knob(0.0, "[0, inf)")
   sampler_dtype: str = knob("", ("",) + DTYPES)  # sampler compute dtype ("" = model.dtype); bfloat16 samples cheaper
+  # The sampler holds the weights gathered over the fsdp axis, once a rollout: its decode steps then read them
+  # locally instead of all-gathering every weight for every token (FSDP's pattern); costs the whole weights (over
+  # the tensor axis, in the sampler's dtype) per chip while it samples. No effect without an fsdp axis.
+  sampler_gather: bool = False
   max_staleness: int = knob(0, "[0, inf)")  # rollouts sampled up to this many updates ahead (0: synchronous)
   dynamic_sampling: bool = False  # drop zero-variance groups and refill the batch (DAPO)
   max_extra_rollouts: int = knob(2, "[0, inf)")  # extra sampling rounds dynamic sampling may spend per step

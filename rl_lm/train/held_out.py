@@ -42,7 +42,7 @@ class HeldOut:
     config, tok, rl = ctx.config, ctx.tokenizer, ctx.config.rl
     self.config, self.workdir, self.problems = config.eval, ctx.workdir, problems
     make = lambda s: Sampler(ctx.model_cfg, s, tok, ctx.mesh, ctx.rules, rl.max_prompt_len,  # noqa: E731
-                             config.eval.rows, dtype=rl.sampler_dtype or None)
+                             config.eval.rows, dtype=rl.sampler_dtype or None, gather=rl.sampler_gather)
     self.sampler = make(dataclasses.replace(scfg, temperature=config.eval.temperature, greedy=False))
     self.greedy = make(dataclasses.replace(scfg, greedy=True))
     self.key = keys.fold(ctx.key, 5)

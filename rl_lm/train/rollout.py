@@ -53,13 +53,18 @@ class Sampler:
   """
 
   def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, tok: tokenizer.Tokenizer, mesh: Mesh,
-               rules: mesh_lib.Rules, prompt_len: int, rows: int, dtype: str | None = None):
+               rules: mesh_lib.Rules, prompt_len: int, rows: int, dtype: str | None = None, gather: bool = False):
     self.model_cfg = model_cfg.replace(dtype=dtype) if dtype else model_cfg
+    # `gather` (rl.sampler_gather): the weights gathered over the fsdp axis, once a rollout, rather than by every
+    # decode step (FSDP's own pattern, all the weights a token); the rows stay split over it.
+    self.gather = gather and mesh is not None and mesh.shape.get("fsdp", 1) > 1
+    rules = mesh_lib.without_axis(rules, "fsdp") if self.gather else rules
     self.scfg, self.tok, self.mesh, self.rules = scfg, tok, mesh, rules
     self.prompt_len, self.rows = prompt_len, rows
     self._generate = sampling.make_generate_fn(self.model_cfg, scfg, mesh, rules)  # static or continuous batching
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.model_cfg.compute_dtype), p))
     self._whole_embed: Any = None  # jit(copy of the embedding table, whole along the vocabulary), made when needed
+    self._gathered: Any = None  # with `gather`: jit(the weights cast and gathered over fsdp), made when needed
 
   def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids [n, prompt_len] and lengths [n]; a prompt too long is an error."""
@@ -76,7 +81,16 @@ class Sampler:
 
   def params(self, params: Any) -> Any:
     """The policy's parameters as the sampler takes them: in its compute dtype (unless float32) and the embedding
-    table whole along the vocabulary (`embed_sharding`)."""
+    table whole along the vocabulary (`embed_sharding`); with `gather`, every weight whole over the fsdp axis (one
+    copy per chip for the rollout: the weights' bytes over the tensor axis, in the sampler's dtype)."""
+    if self.gather:
+      if self._gathered is None:
+        dtype, whole = self.model_cfg.compute_dtype, lambda x: mesh_lib.drop_axis(x.sharding, "fsdp")  # noqa: E731
+        targets = {**jax.tree.map(whole, params),
+                   "embed": embed_sharding(self.mesh, self.rules, params["embed"].shape)}
+        cast = (lambda x: x) if dtype == jnp.float32 else (lambda x: x.astype(dtype))  # noqa: E731
+        self._gathered = jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=targets)
+      return self._gathered(params)
     params = self._cast(params) if self.model_cfg.compute_dtype != jnp.float32 else params
     target = embed_sharding(self.mesh, self.rules, params["embed"].shape)
     if not params["embed"].sharding.is_equivalent_to(target, 2):

@@ -109,7 +109,7 @@ class RolloutSource:
     tok = ctx.tokenizer
     self.scfg = sampling.config_from(config.sampling, tok)
     self.sampler = Sampler(ctx.model_cfg, self.scfg, tok, ctx.mesh, ctx.rules, rl.max_prompt_len, self.B,
-                           dtype=rl.sampler_dtype or None)
+                           dtype=rl.sampler_dtype or None, gather=rl.sampler_gather)
     pool = self.fitting(training_pool(self.task, config.task.pool_size, config.seed), "training")
     self.curriculum = Curriculum(pool, CurriculumConfig.from_section(rl.curriculum), seed=config.seed)
     self.agent = agent_lib.Agent(config, ctx.model_cfg, self.scfg, tok, ctx.mesh, ctx.rules, self.B, log
