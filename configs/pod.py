@@ -27,6 +27,7 @@ from __future__ import annotations
 import ml_collections
 
 from rl_lm.config import base_config
+from rl_lm.models import presets
 
 RECIPES = ("grpo", "lora", "ppo")
 
@@ -72,6 +73,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.loss_mode = "token-mean"
   config.rl.kl.coef = 0.001
   config.rl.sampler_dtype = "bfloat16"
+  # Under 3B parameters the weights are FSDP-sharded (experiments/pod_scale/run.py), and a decode step would
+  # all-gather every one of them for every token: the sampler gathers them once a rollout instead (README, "At pod
+  # scale"). Bigger models take tensor parallelism, where there is nothing to gather.
+  config.rl.sampler_gather = presets.get(options["model"]).num_params() < 3e9
   config.eval.rows = 256
   if options["recipe"] == "lora":
     config.model.lora.rank = 16
