@@ -17,8 +17,8 @@ The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every
 compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
 weights and data parallelism across hosts, the shape that served Llama-3.1-8B best on v5p-64 (README, "At pod
 scale"); for a smaller one, FSDP over a host and data across hosts (tensor parallelism of a 0.5B model is all
-collectives). The same rule holds for GPUs, 8 to a host: tensor parallelism over a host's NVLink, data across
-hosts.
+collectives), the sampler holding the weights gathered over fsdp (`rl.sampler_gather`, set by configs/pod.py).
+The same rule holds for GPUs, 8 to a host: tensor parallelism over a host's NVLink, data across hosts.
 """
 
 from __future__ import annotations
