@@ -143,6 +143,11 @@ def _program(record: dict[str, Any], function: str) -> dict[str, Any] | None:
   return next((p for p in record.get("programs", []) if p["function"] == function), None)
 
 
+def _flagged(program: dict[str, Any]) -> bool:
+  """XLA's counts of the program failed a check (the analytic FLOPs, or their growth in layers): no figure shown."""
+  return str((program.get("analytic") or {}).get("why") or "").startswith("flagged")
+
+
 def row(c: dict[str, Any]) -> list[str]:
   """One table row: model, slice, fits, GiB per chip, estimated seconds per phase, MFU, decode, mesh."""
   r = c["record"] or {"programs": [], "fits": False, "refusal": "no record"}
@@ -158,13 +163,13 @@ def row(c: dict[str, Any]) -> list[str]:
     cost = p.get("cost_per_chip") or {}
     secs = cost.get("seconds")
     mark = "" if cost.get("seconds_basis") == "xla" else " (roofline)"
-    phases.append(f"{label} {secs:.3g}{mark}" if secs else f"{label} -")
+    phases.append(f"{label} {secs:.3g}{mark}" if secs else f"{label} {'flagged' if _flagged(p) else '-'}")
   update = _program(r, "rl/update") or {}
   decode = _program(r, "rl/generate:decode") or {}
   mfu = f"{update['mfu']:.1%}" if update.get("mfu") else "-"
   tok = decode.get("tokens_per_s")
   roof = decode.get("x_roofline")
-  dec = f"{tok:,.0f} ({roof:.2f}x roofline)" if tok and roof else "-"
+  dec = f"{tok:,.0f} ({roof:.2f}x roofline)" if tok and roof else "flagged" if _flagged(decode) else "-"
   mesh = "x".join(map(str, c["mesh"])) if fits else "-"
   verdict = "yes" if fits else f"no: {(r.get('refusal') or '').removeprefix('rl_lm.aot: ')[:160]}"
   if not fits:  # the closest mesh's figures are of a program that does not run: not shown
@@ -206,18 +211,24 @@ def main(argv: list[str] | None = None) -> int:
   # Recipe by recipe, slice by slice: an interrupted run leaves whole rows of the first tables.
   grid = [(m, r, t) for r in args.recipes.split(",") for t in args.topologies.split(",") for m in args.only.split(",")]
   cells, start = [], time.perf_counter()
+  todo = [g for g in grid if not (root / f"{g[0]}__{g[2]}__{g[1]}" / "cell.json").exists()]
+  compiled = 0
   for i, (model, recipe, topology) in enumerate(grid):
     done = root / f"{model}__{topology}__{recipe}" / "cell.json"
     if args.report:
       if done.exists():
         cells.append(json.loads(done.read_text()))
       continue
+    cached = done.exists()
     c = cell(model, recipe, topology, root)
     cells.append(c)
-    spent = time.perf_counter() - start
-    print(f"[{i + 1}/{len(grid)}] {model} {topology} {recipe}: {row(c)[2][:60]} ({c['seconds']:.0f}s; "
-          f"{format_duration(spent)} so far, ETA {format_duration(spent / (i + 1) * (len(grid) - i - 1))})",
-          flush=True)
+    if cached:
+      continue
+    compiled += 1
+    spent = time.perf_counter() - start  # the ETA counts the cells compiled in this run, not those found done
+    print(f"[{compiled}/{len(todo)}; cell {i + 1} of {len(grid)}] {model} {topology} {recipe}: {row(c)[2][:60]} "
+          f"({c['seconds']:.0f}s; {format_duration(spent)} so far, "
+          f"ETA {format_duration(spent / compiled * (len(todo) - compiled))})", flush=True)
   print(report(cells, root))
   return 0
 

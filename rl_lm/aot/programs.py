@@ -52,7 +52,8 @@ class Term:
   when `layers`, else the real one; with `per_parameter` 1 layer, scaled by the parameter count (a piece that does
   the same work for every parameter). `between` = (near, far, w) instead places it at the fraction w of the way
   from one built piece to another, its cost linear in between (a decode step in its attention window: each end is
-  extrapolated in layers on its own)."""
+  extrapolated in layers on its own). `check_layers` also builds it with 3 layers, to check that XLA's counts grow
+  by the same amount per layer (rl_lm/aot/measure.py, `Coster.cost`)."""
 
   count: float
   key: str  # the same key, the same compiled piece
@@ -61,6 +62,7 @@ class Term:
   between: tuple[Term, Term, float] | None = None
   per_parameter: bool = False  # elementwise over the parameters (an optimizer step): 1 layer, scaled by their count
   model: ModelConfig | None = None  # the model whose layers the piece varies (a teacher's); None: the stage's
+  check_layers: bool = False  # a third build, with 3 layers: the per-layer increments of its counts must agree
 
 
 @dataclasses.dataclass
