@@ -169,7 +169,9 @@ def row(c: dict[str, Any]) -> list[str]:
   mfu = f"{update['mfu']:.1%}" if update.get("mfu") else "-"
   tok = decode.get("tokens_per_s")
   roof = decode.get("x_roofline")
-  dec = f"{tok:,.0f} ({roof:.2f}x roofline)" if tok and roof else "flagged" if _flagged(decode) else "-"
+  dec = f"{tok:,.0f} ({roof:.2f}x roofline)" if tok and roof else "-"
+  if _flagged(decode) and decode.get("tokens") and decode.get("roofline_seconds"):  # the bound alone
+    dec = f"flagged (the HBM roofline: {decode['tokens'] / decode['roofline_seconds']:,.0f})"
   mesh = "x".join(map(str, c["mesh"])) if fits else "-"
   verdict = "yes" if fits else f"no: {(r.get('refusal') or '').removeprefix('rl_lm.aot: ')[:160]}"
   if not fits:  # the closest mesh's figures are of a program that does not run: not shown

@@ -1,0 +1,75 @@
+"""The pod-scale table (experiments/pod_scale/run.py): its mesh rule, its rows and its cache; no compiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.pod_scale import run
+from rl_lm.models import presets
+
+
+def test_the_mesh_rule():
+  # Qwen2.5-7B: 28 query and 4 KV heads, so tensor parallelism over 4 chips of a host, data over the rest.
+  assert run.meshes(8, presets.get("qwen2.5-7b")) == [(2, 1, 4), (1, 2, 4), (1, 8, 1)]
+  assert run.meshes(256, presets.get("llama-3.1-8b")) == [(32, 1, 8), (1, 32, 8), (1, 256, 1)]
+  # Under 3B parameters: FSDP over a host, data across hosts; a slice of 4 chips is one host.
+  assert run.meshes(64, presets.get("qwen2.5-0.5b")) == [(8, 8, 1), (1, 64, 1), (32, 1, 2)]
+  assert run.meshes(4, presets.get("qwen2.5-1.5b")) == [(1, 4, 1), (2, 1, 2)]  # 2 KV heads: tensor over 2
+
+
+def _program(function: str, seconds: float | None = None, basis: str = "xla", why: str | None = None,
+             **extra: float) -> dict:
+  cost = {"seconds": seconds, "seconds_basis": basis} if seconds else None
+  out = {"function": function, "analytic": {"why": why}, "memory": {"needed": 20 * 2**30}, **extra}
+  return {**out, "cost_per_chip": cost} if cost else out
+
+
+def _cell(programs: list[dict], fits: bool = True, refusal: str | None = None) -> dict:
+  return {"model": "qwen2.5-0.5b", "recipe": "grpo", "topology": "v5e-8", "chips": 8, "mesh": [1, 8, 1],
+          "command": "python -m rl_lm.aot ...",
+          "record": {"fits": fits, "refusal": refusal, "chip": {"usable_gib": 15.75}, "programs": programs}}
+
+
+def test_a_row_shows_the_estimates_of_a_cell_that_fits():
+  programs = [_program("rl/generate", 3.03), _program("rl/prepare", 0.5, basis="roofline"),
+              _program("rl/update", 1.25, mfu=0.444),
+              _program("rl/generate:decode", 2e-3, tokens_per_s=256_000.0, x_roofline=1.65)]
+  row = run.row(_cell(programs))
+  assert row[:4] == ["qwen2.5-0.5b", "v5e-8 (8)", "yes", "20.0 / 15.75"]
+  assert row[4] == "generate 3.03; prepare 0.5 (roofline); update 1.25"
+  assert row[5:] == ["44.4%", "256,000 (1.65x roofline)", "1x8x1"]
+
+
+def test_a_row_shows_a_flagged_decode_step_by_its_bound_alone():
+  """Counts that are not linear in layers (measure.nonlinear) give no time: the row says flagged, and the decode
+  column gives the HBM roofline (weights and cache read once a step) as the only figure."""
+  why = "flagged: rl/generate/decode@1024: XLA's counts are not linear in layers (...)"
+  programs = [_program("rl/generate", why=why), _program("rl/update", 1.25, mfu=0.3),
+              _program("rl/generate:decode", why=why, tokens=512, roofline_seconds=1.134e-3)]
+  row = run.row(_cell(programs))
+  assert row[4] == "generate flagged; update 1.25"
+  assert row[6] == "flagged (the HBM roofline: 451,499)"
+
+
+def test_a_row_of_a_cell_that_does_not_fit_shows_the_refusal_and_no_estimate():
+  refusal = "rl_lm.aot: does not fit: rl/generate needs 32.2 GiB per chip of 15.75 GiB (v5e): try model.lora.rank=16"
+  row = run.row(_cell([_program("rl/generate", 3.0), _program("rl/update", 1.0, mfu=0.5)], False, refusal))
+  assert row[2] == "no: does not fit: rl/generate needs 32.2 GiB per chip of 15.75 GiB (v5e): try model.lora.rank=16"
+  assert row[4:] == ["-", "-", "-", "-"]
+
+
+def test_the_report_is_rebuilt_from_the_cells_kept(tmp_path: Path, capsys):
+  """`--report` compiles nothing: it reads each <cell>/cell.json there is, in the grid's order."""
+  for model in ("qwen2.5-1.5b", "qwen2.5-0.5b"):
+    cell = {**_cell([_program("rl/update", 1.0, mfu=0.5)]), "model": model}
+    folder = tmp_path / f"{model}__v5e-8__grpo"
+    folder.mkdir()
+    (folder / "cell.json").write_text(json.dumps(cell))
+  assert run.main(["--workdir", str(tmp_path), "--report"]) == 0
+  table = (tmp_path / "pod_scale.md").read_text()
+  assert table.startswith("### GRPO (policy + reference)")
+  assert table.index("| qwen2.5-0.5b |") < table.index("| qwen2.5-1.5b |")
+  assert "### PPO" not in table and "50.0%" in table
+  assert [c["model"] for c in json.loads((tmp_path / "pod_scale.json").read_text())] == \
+      ["qwen2.5-0.5b", "qwen2.5-1.5b"]
