@@ -228,6 +228,8 @@ def test_unrolled_loops_make_xla_count_every_iteration():
   with measure.unrolled_loops():
     assert count(4) == pytest.approx(4 * one, rel=0.05)
     assert count(1000) == pytest.approx(one, rel=0.05)  # past the limit: left rolled
+  with measure.unrolled_loops(100):  # a whole decode step's limit: its layer count
+    assert count(100) == pytest.approx(100 * one, rel=0.05)
   assert count(4) == pytest.approx(one, rel=0.05)  # and afterwards, as before
   originals = (jax.lax.scan, jax.lax.map, jax.lax.fori_loop)
   with measure.unrolled_loops():
@@ -246,49 +248,33 @@ def test_cost_extrapolates_linearly_in_layers():
   assert total.collectives["all-gather"] == [2 + 31, 8 + 31 * 4]
 
 
-def test_a_decode_step_whose_counts_are_not_linear_in_layers_is_flagged():
-  """A piece with `check_layers` is built with 1, 2 and 3 layers; uneven growth (XLA:TPU's v5e decode step of
-  Qwen2.5-0.5B: +3.7 MB, then +515 MB of bytes) is flagged, even growth extrapolated as before."""
+def test_a_decode_step_is_costed_with_all_its_layers_not_extrapolated():
+  """XLA:TPU's counts of a decode step do not grow evenly with its depth, so its pieces (`Term.whole`) are built
+  once with the model's own layers, every one unrolled, however many; other pieces with 1 and 2 layers."""
   import concurrent.futures
 
   from rl_lm.aot.programs import Term
 
-  class Pieces:  # a Compiler whose compiles are the costs given, by layer count
-    def __init__(self, costs: dict[int, measure.Cost]):
-      self.costs, self.futures, self.built = costs, {}, []
+  class Pieces:  # a Compiler whose compiles cost what their layer count says
+    def __init__(self):
+      self.futures, self.built = {}, []
 
-    def submit(self, key, call, cost_piece=False):
-      self.built.append(call)
+    def submit(self, key, call, cost_piece=False, unroll=measure.UNROLL_LIMIT):
+      self.built.append((call, unroll))
       future = concurrent.futures.Future()
-      future.set_result(measure.Compiled(cost=self.costs[call]))
+      future.set_result(measure.Compiled(cost=measure.Cost(10.0 * call, 1e6 * call, 1e-4 * call)))
       self.futures[key] = future
 
-  model = presets.get("test").replace(n_layers=24)
-  term = Term(1, "rl/generate/decode@1024", lambda m: m.n_layers, check_layers=True)
-  nan = math.nan
-  even = {1: measure.Cost(10.0, 2.0e9, nan), 2: measure.Cost(14.0, 2.1e9, nan), 3: measure.Cost(18.0, 2.2e9, nan)}
-  coster = measure.Coster(Pieces(even), model)
-  coster.submit(term)
-  assert coster.compiler.built == [1, 2, 3]
-  cost, why = coster.cost(term)
-  assert why == "" and cost.flops == 10 + 23 * 4 and cost.bytes == pytest.approx(2.0e9 + 23 * 0.1e9)
-  uneven = {**even, 2: measure.Cost(14.0, 2.0037e9, nan), 3: measure.Cost(18.0, 2.5187e9, nan)}
-  coster = measure.Coster(Pieces(uneven), model)
-  coster.submit(term)
-  cost, why = coster.cost(term)
-  assert cost is None and why.startswith("flagged: rl/generate/decode@1024: XLA's counts are not linear in layers")
-  assert "bytes per layer +3.7 then +515.0 MB: 2.09 or 13.3 GB at 24 layers" in why
-  v5e = [measure.Cost(1.0, b * 1e9, nan) for b in (1.216, 1.503, 1.449)]  # its gathered step: +287, then -54 MB
-  assert measure.nonlinear(*v5e, 24).startswith("bytes per layer +287.0 then -54.0 MB: 7.82 or 0.315 GB")
-  seconds = [measure.Cost(1.0, 1e9, t) for t in (1e-3, 1.1e-3, 1.5e-3)]  # bytes even, seconds not
-  assert measure.nonlinear(*seconds, 24) == "seconds per layer +100.0 then +400.0 us: 3.3 or 9.9 ms at 24 layers"
-  h100 = [measure.Cost(1.0, b * 1e9, nan) for b in (0.8768, 1.0584, 1.1977)]  # XLA:GPU's: 18% apart at 24 layers
-  v5p = [measure.Cost(1.0, b * 1e9, t) for b, t in ((1.4254, 6.06e-4), (1.6590, 7.06e-4), (1.8545, 7.89e-4))]
-  assert measure.nonlinear(*h100, 24) == measure.nonlinear(*v5p, 24) == ""
-  plain = Term(1, "rl/prepare", lambda m: m.n_layers)  # no check: built twice
-  coster = measure.Coster(Pieces(even), model)
-  coster.submit(plain)
-  assert coster.compiler.built == [1, 2]
+  model = presets.get("test").replace(n_layers=80)
+  decode = Term(2, "rl/generate/decode@1024", lambda m: m.n_layers, whole=True)
+  coster = measure.Coster(Pieces(), model)
+  coster.submit(decode)
+  assert coster.compiler.built == [(80, 80)]  # 80 layers, a scan of 80 unrolled (past UNROLL_LIMIT)
+  cost, why = coster.cost(decode)
+  assert why == "" and (cost.flops, cost.bytes, cost.seconds) == (2 * 800.0, 2 * 80e6, pytest.approx(2 * 8e-3))
+  prepare = Term(1, "rl/prepare", lambda m: m.n_layers)
+  coster.submit(prepare)
+  assert coster.compiler.built[1:] == [(1, 64), (2, 64)]
 
 
 def test_model_config_comes_from_a_checkpoints_config_json_alone(tmp_path):

@@ -9,14 +9,16 @@ Cost: XLA's `cost_analysis()` (FLOPs, bytes accessed, `optimal_seconds`) counts 
 times its trip count, so a 2-layer and an 8-layer model report the same. Each cost piece (`programs.Term`) is
 therefore compiled twice, with 1 and with 2 layers, with every loop of at most `UNROLL_LIMIT` iterations unrolled
 while it is traced (the layer scan, logit chunks, the top-k bisection); cost(L) = c1 + (L - 1) (c2 - c1), exact
-for a model whose layers are identical and whose layers XLA treats alike. A decode step's pieces check the second
-with a third build, of 3 layers (`Term.check_layers`): XLA:TPU counts a v5e decode step's bytes unevenly from
-layer to layer, and such a step is flagged, not extrapolated. Collective matmuls (windowed einsums, XLA:TPU's
-loops that overlap an all-gather with the matmul it feeds) are switched off for these pieces: a loop again, and
-the same FLOPs without it. The collectives counted are the pieces' too. A loop longer than the limit (PPO's GAE
-over the sequence) stays a loop and is counted once; `Cost.loops` says how many remained. XLA:TPU gives some
-programs a negative `optimal_seconds` (-1 per op its model does not cover; seen on small v5e programs): such a
-piece's time is unknown (NaN), and so is every sum it enters, which the report flags.
+for a model whose layers are identical and whose layers XLA treats alike. XLA:TPU's counts of a memory-bound
+decode step do not grow evenly with its depth (Llama-3.1-8B on v5p-64, 1 to 8 layers: +37, +131, +39, +117, +74
+us a layer; 1.56 ms extrapolated from 1 and 2 layers, 3.13 ms compiled with all 32), so a decode step's pieces
+are compiled once with every layer unrolled (`Term.whole`; 20-100 s each), not extrapolated. An update's
+micro-batch grows evenly (+14.0, +14.1, +14.2 ms a layer, same model). Collective matmuls (windowed einsums,
+XLA:TPU's loops that overlap an all-gather with the matmul it feeds) are switched off for these pieces: a loop
+again, and the same FLOPs without it. The collectives counted are the pieces' too. A loop longer than the limit
+(PPO's GAE over the sequence) stays a loop and is counted once; `Cost.loops` says how many remained. XLA:TPU
+gives some programs a negative `optimal_seconds` (-1 per op its model does not cover; seen on v5e and v6e
+programs): such a piece's time is unknown (NaN), and so is every sum it enters, which the report flags.
 
 XLA:GPU has no cost analysis of a compiled executable (it returns None) and no time estimate at all. Its FLOPs
 and bytes are XLA's HloCostAnalysis run over the optimised, partitioned module of one GPU (through the CPU
@@ -47,6 +49,7 @@ from rl_lm.aot.programs import Call, Program, Stage, Term
 from rl_lm.models.presets import ModelConfig
 
 UNROLL_LIMIT = 64
+WHOLE = "all"  # the layer count of a piece compiled with all its layers (`Term.whole`), in its key
 # The cost pieces' compiler options, by platform: no collective matmul loops (their bodies would be counted once).
 COST_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
                         "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False},
@@ -197,10 +200,10 @@ class Compiler:
     if topology is not None and topology.gpu and topology.hosts > 1:
       self.hosts = (topology.chip.per_host, topology.chips)
 
-  def submit(self, key: Any, call: Call, cost_piece: bool = False, want_text: bool = False
-             ) -> concurrent.futures.Future[Compiled]:
+  def submit(self, key: Any, call: Call, cost_piece: bool = False, want_text: bool = False,
+             unroll: int = UNROLL_LIMIT) -> concurrent.futures.Future[Compiled]:
     if key not in self.futures:
-      with unrolled_loops() if cost_piece else contextlib.nullcontext():
+      with unrolled_loops(unroll) if cost_piece else contextlib.nullcontext():
         try:
           lowered = call.fn.lower(*call.args)
         except Exception as e:  # noqa: BLE001 -- a program that does not even trace: reported like a failed compile
@@ -237,8 +240,12 @@ class Coster:
       self.submit(term.between[1])
     elif term.per_parameter:
       self.compiler.submit((term.key, 1), term.build(self._layers(1, term)), cost_piece=True)
+    elif term.whole:  # every layer, unrolled however many there are
+      model = self._model(term)
+      self.compiler.submit((term.key, WHOLE), term.build(model), cost_piece=True,
+                           unroll=max(UNROLL_LIMIT, model.n_layers))
     elif term.layers:
-      for n in (1, 2, 3) if term.check_layers else (1, 2):
+      for n in (1, 2):
         self.compiler.submit((term.key, n), term.build(self._layers(n, term)), cost_piece=True)
     else:
       self.compiler.submit((term.key, None), term.build(self._model(term)), cost_piece=True)
@@ -257,8 +264,8 @@ class Coster:
         return None, f"{term.key}: {done.error}"
       scale = self._model(term).num_params() / self._layers(1, term).num_params()
       return Cost().combine(done.cost, 0.0, term.count * scale), ""
-    if not term.layers:
-      done = self._piece(term, None)
+    if term.whole or not term.layers:
+      done = self._piece(term, WHOLE if term.whole else None)
       if done.cost is None:
         return None, f"{term.key}: {done.error}"
       return Cost().combine(done.cost, 0.0, term.count), ""
@@ -267,39 +274,11 @@ class Coster:
       return None, f"{term.key}: {one.error or two.error}"
     L = self._model(term).n_layers
     per_layer = two.cost.combine(one.cost, 1.0, -1.0)  # c2 - c1
-    if term.check_layers:
-      three = self._piece(term, 3)
-      if three.cost is None:
-        return None, f"{term.key}: {three.error}"
-      uneven = nonlinear(one.cost, two.cost, three.cost, L)
-      if uneven:
-        return None, f"flagged: {term.key}: XLA's counts are not linear in layers ({uneven})"
     # XLA may merge or split a piece's collectives differently at 2 layers than at 1 (seen on a chunked prepare:
     # fewer all-gather bytes at 2 layers): a layer adds no negative traffic, so such a difference counts as 0.
     per_layer.collectives = {k: [max(0.0, v) for v in c] for k, c in per_layer.collectives.items()}
     per_layer.across_hosts = max(0.0, per_layer.across_hosts)
     return one.cost.combine(per_layer, term.count, term.count * (L - 1)), ""
-
-
-LINEAR_TOLERANCE = 0.25  # how far apart the two extrapolations may be, of the larger
-
-
-def nonlinear(one: Cost, two: Cost, three: Cost, layers: int, tolerance: float = LINEAR_TOLERANCE) -> str:
-  """What disagrees ("" when nothing) between a piece's cost at `layers` extrapolated from its 1- and 2-layer builds
-  and from its 2- and 3-layer builds: bytes accessed, and optimal seconds where XLA gave all three. Seen: XLA:TPU's
-  v5e decode step of Qwen2.5-0.5B (24 layers) counts +287 MB, then -54 MB of bytes per layer (7.8 GB against
-  0.3 GB); v5p's and XLA:GPU's counts of the same step give extrapolations 12% and 18% apart."""
-  out = []
-  for name, (a, b, c), small, large in (("bytes", (one.bytes, two.bytes, three.bytes), ("MB", 1e-6), ("GB", 1e-9)),
-                                        ("seconds", (one.seconds, two.seconds, three.seconds), ("us", 1e6),
-                                         ("ms", 1e3))):
-    if any(math.isnan(x) for x in (a, b, c)):
-      continue
-    first, second = a + (layers - 1) * (b - a), b + (layers - 2) * (c - b)
-    if abs(first - second) > tolerance * max(abs(first), abs(second)):
-      out.append(f"{name} per layer {(b - a) * small[1]:+,.1f} then {(c - b) * small[1]:+,.1f} {small[0]}: "
-                 f"{first * large[1]:,.3g} or {second * large[1]:,.3g} {large[0]} at {layers} layers")
-  return "; ".join(out)
 
 
 @dataclasses.dataclass

@@ -52,8 +52,8 @@ class Term:
   when `layers`, else the real one; with `per_parameter` 1 layer, scaled by the parameter count (a piece that does
   the same work for every parameter). `between` = (near, far, w) instead places it at the fraction w of the way
   from one built piece to another, its cost linear in between (a decode step in its attention window: each end is
-  extrapolated in layers on its own). `check_layers` also builds it with 3 layers, to check that XLA's counts grow
-  by the same amount per layer (rl_lm/aot/measure.py, `Coster.cost`)."""
+  extrapolated in layers on its own). `whole` builds it once, with all the model's layers, every one unrolled: not
+  extrapolated (a decode step, whose counts XLA:TPU does not grow evenly from layer to layer; rl_lm/aot/measure.py)."""
 
   count: float
   key: str  # the same key, the same compiled piece
@@ -62,7 +62,7 @@ class Term:
   between: tuple[Term, Term, float] | None = None
   per_parameter: bool = False  # elementwise over the parameters (an optimizer step): 1 layer, scaled by their count
   model: ModelConfig | None = None  # the model whose layers the piece varies (a teacher's); None: the stage's
-  check_layers: bool = False  # a third build, with 3 layers: the per-layer increments of its counts must agree
+  whole: bool = False  # built once with the model's own layers, all unrolled (not with 1 and 2, extrapolated)
 
 
 @dataclasses.dataclass

@@ -8,11 +8,10 @@ weight and the cache window read once per step, spread over the slice).
 
 An estimate is shown only when XLA's FLOPs agree with the analytic count (rl_lm/aot/flops.py) within
 [`FLAG_LOW`, `FLAG_HIGH`]; otherwise the row says "flagged" and why, and the JSON keeps the raw numbers under
-"unchecked". A decode step whose counts do not grow alike from 1 to 2 and from 2 to 3 layers is flagged too,
-its increments in the why (rl_lm/aot/measure.py). Where XLA gives no time (a piece's optimal_seconds is negative,
-as on v5e and v6e programs), the time is the roofline of XLA's own counts instead, and says so ("roofline" in the
-table, `seconds_basis` in the JSON): the slowest of FLOPs / peak, bytes accessed / HBM bandwidth and collective
-bytes / ICI bandwidth, per chip, each as if nothing else ran. It is a lower bound on the time, not XLA's estimate.
+"unchecked". Where XLA gives no time (a piece's optimal_seconds is negative, as on v5e and v6e programs), the
+time is the roofline of XLA's own counts instead, and says so ("roofline" in the table, `seconds_basis` in the
+JSON): the slowest of FLOPs / peak, bytes accessed / HBM bandwidth and collective bytes / ICI bandwidth, per chip,
+each as if nothing else ran. It is a lower bound on the time, not XLA's estimate.
 
 GPUs: XLA:GPU gives no time estimate, so every GPU row's time is that roofline, with NVLink in place of ICI and,
 on several hosts, the collectives that cross hosts at the network's bandwidth (one 400 Gb/s port per GPU, as a

@@ -126,7 +126,7 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
   if scfg.slots:  # one token through every slot a step; each prompt needs at most P + N steps of a slot
     slots = min(scfg.slots, B)
     steps = math.ceil(B * (P + N) / slots)
-    step = Term(1, f"{stage}/{name}/refill_step", functools.partial(_refill_call, a, spec), check_layers=True)
+    step = Term(1, f"{stage}/{name}/refill_step", functools.partial(_refill_call, a, spec), whole=True)
     flop = flops.total(flops.forward(model, slots, 1, P + N, 1))
     call = Program(stage, name, memory, [dataclasses.replace(step, count=steps)], steps * flop, uses=uses,
                    tokens=B * N, note=f"continuous batching: {steps} steps of {slots} slots (every prompt P + N)",
@@ -135,10 +135,9 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
                           roofline_bytes=weight_bytes(model) + cache_bytes(model, scfg, slots, P + N), part_of=name,
                           note="one step of every slot (continuous batching)")]
   windows = engine.windows(P, P + N, scfg.window)
-  # A decode step's time is its bytes (weights and cache), which XLA:TPU may count differently layer by layer
-  # (measure.Coster.cost): each end is also built with 3 layers, and a step whose counts do not grow linearly is
-  # flagged, not extrapolated.
-  ends = {w: Term(1, f"{stage}/{name}/decode@{w}", functools.partial(_decode_call, a, spec, w), check_layers=True)
+  # A decode step is compiled with all its layers (`Term.whole`): XLA:TPU's counts of a 1-, 2- and 3-layer step do
+  # not grow evenly, and an extrapolation from two of them can be off by 2x (rl_lm/aot/measure.py).
+  ends = {w: Term(1, f"{stage}/{name}/decode@{w}", functools.partial(_decode_call, a, spec, w), whole=True)
           for w in {windows[0], windows[-1]}}
   first, last = ends[windows[0]], ends[windows[-1]]
   prefill = Term(1, f"{stage}/{name}/prefill", functools.partial(_prefill_call, a, spec))
