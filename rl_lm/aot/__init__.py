@@ -8,7 +8,8 @@
 - programs.py  what a compiled program is made of, and abstract (sharded, unallocated) arguments
 - stages.py    every jitted function of every configured stage, with the buffers the run holds beside them
 - samplers.py  the samplers' generate call (memory) and its prefill and decode steps (cost)
-- measure.py   compiles them: memory per chip; cost with loops accounted for (1- and 2-layer pieces, unrolled)
+- measure.py   compiles them: memory per chip; cost with loops accounted for (1- and 2-layer pieces, unrolled;
+               a decode step with all its layers)
 - flops.py     the analytic FLOP count each estimate is checked against; model FLOPs for MFU
 - hlo.py       the collectives in a compiled program's HLO, and which of them cross hosts
 - report.py    tables, JSON, and the one-line refusal of a run that does not fit

@@ -3,9 +3,10 @@
 A generate call is one prefill and up to N - 1 decode steps in segments of growing attention windows
 (`rollout.engine.windows`). The call is compiled whole for its memory; its cost is the prefill plus every decode
 step, each window's steps costed by interpolating between the decode step compiled at the first and at the last
-window (a step's cost is linear in its window), all N tokens drawn. The decode step over the whole cache is also
-reported alone, against the HBM roofline. With continuous batching (`sampling.slots`) the cost is the refill
-step times the steps a queue of prompts needs at most.
+window (a step's cost taken as linear in its window), all N tokens drawn. A decode step is compiled with all
+the model's layers unrolled, not extrapolated from 1 and 2 (rl_lm/aot/measure.py). The decode step over the
+whole cache is also reported alone, against the HBM roofline. With continuous batching (`sampling.slots`) the
+cost is the refill step times the steps a queue of prompts needs at most.
 """
 
 from __future__ import annotations
