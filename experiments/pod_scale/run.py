@@ -144,7 +144,7 @@ def _program(record: dict[str, Any], function: str) -> dict[str, Any] | None:
 
 
 def _flagged(program: dict[str, Any]) -> bool:
-  """XLA's counts of the program failed a check (the analytic FLOPs, or their growth in layers): no figure shown."""
+  """XLA's counts of the program disagree with the analytic FLOPs (rl_lm/aot/report.py): no figure shown."""
   return str((program.get("analytic") or {}).get("why") or "").startswith("flagged")
 
 

@@ -52,7 +52,7 @@ class Term:
   when `layers`, else the real one; with `per_parameter` 1 layer, scaled by the parameter count (a piece that does
   the same work for every parameter). `between` = (near, far, w) instead places it at the fraction w of the way
   from one built piece to another, its cost linear in between (a decode step in its attention window: each end is
-  extrapolated in layers on its own). `whole` builds it once, with all the model's layers, every one unrolled: not
+  costed on its own). `whole` builds it once, with all the model's layers, every one unrolled: not
   extrapolated (a decode step, whose counts XLA:TPU does not grow evenly from layer to layer; rl_lm/aot/measure.py)."""
 
   count: float
