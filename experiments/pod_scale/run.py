@@ -107,11 +107,15 @@ def _max_need(record: dict[str, Any]) -> float:
   return max(needs) if needs else math.inf
 
 
+def _done(root: Path, model: str, recipe: str, topology: str) -> Path:
+  """Where a cell's summary is kept."""
+  return root / f"{model}__{topology}__{recipe}" / "cell.json"
+
+
 def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   """Compiles one cell (see the module docstring) and returns its summary; cached in <root>/<cell>/cell.json."""
-  name = f"{model}__{topology}__{recipe}"
-  folder = root / name
-  done = folder / "cell.json"
+  done = _done(root, model, recipe, topology)
+  folder = done.parent
   if done.exists():
     return json.loads(done.read_text())
   chips = chips_lib.resolve(topology).chips
@@ -213,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
   # Recipe by recipe, slice by slice: an interrupted run leaves whole rows of the first tables.
   grid = [(m, r, t) for r in args.recipes.split(",") for t in args.topologies.split(",") for m in args.only.split(",")]
   cells, start = [], time.perf_counter()
-  todo = [g for g in grid if not (root / f"{g[0]}__{g[2]}__{g[1]}" / "cell.json").exists()]
+  todo = [g for g in grid if not _done(root, *g).exists()]
   compiled = 0
   for i, (model, recipe, topology) in enumerate(grid):
-    done = root / f"{model}__{topology}__{recipe}" / "cell.json"
+    done = _done(root, model, recipe, topology)
     if args.report:
       if done.exists():
         cells.append(json.loads(done.read_text()))
