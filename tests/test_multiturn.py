@@ -241,13 +241,14 @@ def test_sft_on_an_episode_demonstration_trains_the_policy_turns_only():
   assert out["loss_mask"][0, :n].tolist() == trained and not out["loss_mask"][0, n:].any()
 
 
-def test_per_row_chunked_prefill_equals_the_full_forward():
+@pytest.mark.parametrize("by_slot", [False, True], ids=["keys-transposed", "keys-by-slot"])
+def test_per_row_chunked_prefill_equals_the_full_forward(by_slot):
   """forward_cached with a per-row index and T > 1: two rows at different offsets append chunks of different real
   lengths; the logits at each row's `take` position equal the full forward's at that slot."""
   params = transformer.init(CFG, jax.random.key(5))
   tokens = jax.random.randint(jax.random.key(6), (2, 12), 3, 90)
   first = jnp.asarray([3, 5])  # row b's first chunk: slots [0, first[b])
-  cache = transformer.init_cache(CFG, 2, 16)
+  cache = transformer.init_cache(CFG, 2, 16, by_slot=by_slot)
   slots = jnp.arange(16)[None, :]
   pos = jnp.arange(8)[None, :].repeat(2, 0)
   _, cache = transformer.forward_cached(CFG, params, tokens[:, :8], pos, cache, jnp.zeros((2,), jnp.int32),

@@ -23,12 +23,13 @@ def _prompts(lengths, P, seed=1):
   return jnp.asarray(toks), jnp.asarray(lengths, jnp.int32)
 
 
-@pytest.mark.parametrize("slots", [3, 10])
-def test_greedy_equals_the_static_batch(params, slots):
-  # 10 prompts of different lengths and budgets through 3 slots (refilled as rows stop) or 10 (no refill).
+@pytest.mark.parametrize("slots, key_layout", [(3, "auto"), (10, "auto"), (3, "by_slot")])
+def test_greedy_equals_the_static_batch(params, slots, key_layout):
+  # 10 prompts of different lengths and budgets through 3 slots (refilled as rows stop) or 10 (no refill); keys
+  # by slot: the per-row writes of the refill step in the other layout.
   prompts, lengths = _prompts([8, 3, 5, 1, 7, 2, 8, 4, 6, 1], 8)
   budgets = jnp.asarray([12, 3, 7, 12, 1, 9, 5, 12, 2, 10], jnp.int32)
-  cfg = sampling.SamplingConfig(max_new_tokens=12, greedy=True, pad_id=0)
+  cfg = sampling.SamplingConfig(max_new_tokens=12, greedy=True, pad_id=0, key_layout=key_layout)
   # A stop token the greedy rows actually emit, so that some rows stop early on it.
   probe = sampling.generate(CFG, params, prompts, lengths, jax.random.key(0), cfg)
   stop = int(np.asarray(probe.tokens)[0, 8 + 2])

@@ -45,10 +45,11 @@ def test_greedy_matches_full_forward(params, window):
   assert np.all(np.asarray(out.lengths) == 10) and not np.any(np.asarray(out.finished))
 
 
-@pytest.mark.parametrize("window", [64, 2])
-def test_sampled_logprobs_match_trainer_at_temperature(params, window):
+@pytest.mark.parametrize("window, key_layout", [(64, "auto"), (2, "auto"), (2, "by_slot")])
+def test_sampled_logprobs_match_trainer_at_temperature(params, window, key_layout):
   prompts, lengths = _prompts([6, 2, 4, 6], 6)
-  cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=0.7, top_k=30, top_p=0.9, window=window)
+  cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=0.7, top_k=30, top_p=0.9, window=window,
+                                key_layout=key_layout)
   out = sampling.generate(CFG, params, prompts, lengths, jax.random.key(3), cfg)
   trainer = sampling.completion_logprobs(CFG, params, out, temperature=0.7)
   assert np.abs(np.asarray(trainer - out.logprobs)).max() < 1e-4

@@ -51,14 +51,16 @@ def test_causality(params):
   assert np.abs(np.asarray(a[:, 6:] - b[:, 6:])).max() > 1e-3
 
 
-def test_cached_prefill_and_decode_match_forward(params):
+@pytest.mark.parametrize("by_slot", [False, True], ids=["keys-transposed", "keys-by-slot"])
+def test_cached_prefill_and_decode_match_forward(params, by_slot):
   B, T, S = 3, 10, 16
   toks = _tokens(B, T)
   mask = jnp.ones((B, T), bool).at[1, :4].set(False)  # row 1 left-padded
   full = transformer.forward(CFG, params, toks, mask)
   pos = transformer.positions_from_mask(mask)
   kv = jnp.zeros((B, S), bool).at[:, :T].set(mask)
-  cache = transformer.init_cache(CFG, B, S)
+  cache = transformer.init_cache(CFG, B, S, by_slot=by_slot)
+  assert cache.k.shape == ((CFG.n_layers, B, CFG.n_kv_heads) + ((S, CFG.head_dim) if by_slot else (CFG.head_dim, S)))
   logits, cache = transformer.forward_cached(CFG, params, toks[:, :6], pos[:, :6], cache, 0, kv.at[:, 6:].set(False))
   np.testing.assert_allclose(np.asarray(logits)[np.asarray(mask[:, :6])], np.asarray(full[:, :6])[np.asarray(
     mask[:, :6])], atol=1e-5)
@@ -66,6 +68,38 @@ def test_cached_prefill_and_decode_match_forward(params):
     step, cache = transformer.forward_cached(CFG, params, toks[:, t:t + 1], pos[:, t:t + 1], cache, t,
                                              kv.at[:, t + 1:].set(False))
     np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
+  assert cache.by_slot == by_slot
+
+
+def test_the_key_layouts_hold_the_same_keys_and_decode_alike(params):
+  """A by-slot key cache is the transposed one, transposed: the first layer's keys and values written at the same
+  slots (per-row writes included), exactly; the later layers' (which attended through either layout) and the logits
+  to float32 rounding."""
+  B, S = 2, 12
+  toks = _tokens(B, 8)
+  out = {}
+  for by_slot in (False, True):
+    cache = transformer.init_cache(CFG, B, S, by_slot=by_slot)
+    kv = jnp.zeros((B, S), bool).at[:, :5].set(True)
+    _, cache = transformer.forward_cached(CFG, params, toks[:, :5], jnp.arange(5)[None].repeat(B, 0), cache, 0, kv)
+    index = jnp.asarray([5, 7])  # per row: row 1 skips two slots
+    kv = kv.at[0, 5].set(True).at[1, 7].set(True)
+    logits, cache = transformer.forward_cached(CFG, params, toks[:, 5:6], jnp.asarray([[5], [5]]), cache, index, kv)
+    out[by_slot] = (logits, cache.k if by_slot else jnp.swapaxes(cache.k, -1, -2), cache.v)
+  for i in (1, 2):
+    np.testing.assert_array_equal(np.asarray(out[False][i][0]), np.asarray(out[True][i][0]))
+    np.testing.assert_allclose(np.asarray(out[False][i]), np.asarray(out[True][i]), atol=1e-6)
+  assert np.count_nonzero(np.asarray(out[True][1][0, 1, :, 5:7])) == 0  # row 1's skipped slots stay empty
+  np.testing.assert_allclose(np.asarray(out[False][0]), np.asarray(out[True][0]), atol=1e-5)
+
+
+def test_key_layout_auto_is_by_slot_on_accelerators_only():
+  assert transformer.keys_by_slot("auto", "cpu") is False
+  assert transformer.keys_by_slot("auto", "tpu") is True and transformer.keys_by_slot("auto", "gpu") is True
+  assert transformer.keys_by_slot("by_slot", "cpu") is True and transformer.keys_by_slot("transposed", "tpu") is False
+  assert transformer.keys_by_slot("auto") is (jax.default_backend() != "cpu")
+  with pytest.raises(ValueError, match="key layout 'rows'"):
+    transformer.keys_by_slot("rows")
 
 
 def test_bfloat16_compute_is_close_to_float32(params):

@@ -161,7 +161,6 @@ def train_state(opt: Any, params: Any, mesh: Mesh) -> state_lib.TrainState:
 def by_rows(a: Abstract, tree: Any, rows: int) -> Any:
   """Shardings for a sampler's loop state: the cache by its logical axes, [rows, ...] arrays over the batch axes,
   the rest (counters, keys) replicated; as the program's own constraints place them."""
-  axes = transformer.cache_axes()
 
   def one(x: Any, logical: Any = None) -> Any:
     if logical is not None:
@@ -172,7 +171,8 @@ def by_rows(a: Abstract, tree: Any, rows: int) -> Any:
 
   def walk(node: Any) -> Any:
     if isinstance(node, transformer.KVCache):
-      return transformer.KVCache(one(node.k, axes.k), one(node.v, axes.v))
+      axes = transformer.cache_axes(node.by_slot)
+      return transformer.KVCache(one(node.k, axes.k), one(node.v, axes.v), node.by_slot)
     if isinstance(node, tuple) and hasattr(node, "_fields"):
       return type(node)(*(walk(x) for x in node))
     if isinstance(node, dict):

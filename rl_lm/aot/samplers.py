@@ -24,6 +24,7 @@ from rl_lm import mesh as mesh_lib
 from rl_lm import sampling
 from rl_lm.aot import flops
 from rl_lm.aot.programs import Abstract, Call, Program, Term, batch_sds, by_rows, key_sds, replicated_sds, sds
+from rl_lm.models import transformer
 from rl_lm.models.presets import ModelConfig
 from rl_lm.rollout import engine
 from rl_lm.rollout import generate as drivers
@@ -164,4 +165,9 @@ def sampler_programs(a: Abstract, stage: str, spec: SamplerSpec, uses: frozenset
 
 
 def sampling_config(a: Abstract, **changes: Any) -> sampling.SamplingConfig:
-  return dataclasses.replace(sampling.config_from(a.config.sampling, a.tokenizer), **changes)
+  """The run's SamplingConfig, its key layout resolved for the slice's chips (`key_layout` "auto" follows the platform
+  the run is on, which here is this CPU, not the target)."""
+  scfg = sampling.config_from(a.config.sampling, a.tokenizer)
+  platform = a.mesh.devices.flat[0].platform
+  layout = "by_slot" if transformer.keys_by_slot(scfg.key_layout, platform) else "transposed"
+  return dataclasses.replace(scfg, key_layout=layout, **changes)

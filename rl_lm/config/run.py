@@ -127,6 +127,9 @@ class Sampling(Section):
   top_p: float = knob(1.0, "(0, 1]")  # 1.0: off
   greedy: bool = False
   cache_dtype: str = knob("", ("",) + DTYPES)  # KV-cache dtype; "" follows model.dtype
+  # Keys [.., Dh, S] ("transposed": XLA:CPU's fast decode matmul) or [.., S, Dh] ("by_slot": a decode step writes a
+  # row, not a column of tiles; TPU, GPU); "auto": by slot unless on a CPU (rl_lm/models/transformer.py, KVCache)
+  key_layout: str = knob("auto", ("auto", "transposed", "by_slot"))
   window: int = knob(64, "(0, inf)")  # decode attends over P + w, P + 2w, P + 4w, ... slots in turn (w >= N: all)
   slots: int = knob(0, "[0, inf)")  # > 0: continuous batching, this many cache rows refilled from the queue; 0: off
 

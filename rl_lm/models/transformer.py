@@ -18,6 +18,8 @@ Dh head dim, F mlp dim, V vocab, L layers.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -42,16 +44,37 @@ class LoraWeight(NamedTuple):
   b: jax.Array
 
 
-class KVCache(NamedTuple):
-  """Preallocated keys and values of every layer: k [L, B, K, Dh, S], v [L, B, K, S, Dh].
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=["by_slot"])
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Preallocated keys and values of every layer: v [L, B, K, S, Dh]; k [L, B, K, Dh, S], or with `by_slot`
+  [L, B, K, S, Dh] as the values. `by_slot` is static (the pytree's metadata): a program is traced for one layout.
 
-  Keys are stored transposed so that both attention products of a decode step are plain [G, x] @ [x, y] matmuls
-  per (row, kv head): q [G, Dh] @ k [Dh, W], then probs [G, W] @ v [W, Dh]. With keys stored [W, Dh] the first
-  product reads k transposed, which XLA:CPU runs about four times slower.
+  Transposed keys make both attention products of a decode step plain [G, x] @ [x, y] matmuls per (row, kv head):
+  q [G, Dh] @ k [Dh, W], then probs [G, W] @ v [W, Dh]; with keys stored [W, Dh] the first product reads k
+  transposed, which XLA:CPU runs about four times slower. On a TPU the step's write is what matters: a new key is
+  then one slot of the minor (lane) axis, a column through every (8, 128) tile of the row's [Dh, S] block, and
+  XLA:TPU reads and writes those whole tiles (12.7 MB a layer for Llama-3.1-8B's 128 rows of a v5p chip, against
+  0.36 MB for a row of [S, Dh] keys; experiments in the README's "At pod scale"). `sampling.key_layout` chooses
+  (`keys_by_slot`): by slot on TPUs and GPUs, transposed on CPUs.
   """
 
   k: jax.Array
   v: jax.Array
+  by_slot: bool = False
+
+
+KEY_LAYOUTS = ("auto", "transposed", "by_slot")
+
+
+def keys_by_slot(layout: str, platform: str | None = None) -> bool:
+  """`sampling.key_layout` -> whether the key cache is stored by slot ([.., S, Dh]). "auto": by slot unless the
+  platform (default: JAX's default backend; the AOT tool passes its target's) is a CPU."""
+  if layout not in KEY_LAYOUTS:
+    raise ValueError(f"key layout {layout!r}: expected one of {', '.join(KEY_LAYOUTS)}")
+  if layout == "auto":
+    return (platform or jax.default_backend()) != "cpu"
+  return layout == "by_slot"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,23 +294,29 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array
 # KV-cache path
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> KVCache:
-  """Zeroed cache for `batch` rows of up to `length` tokens (prompt plus completion), its axes named."""
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None, by_slot: bool = False) -> KVCache:
+  """Zeroed cache for `batch` rows of up to `length` tokens (prompt plus completion), its axes named; keys
+  transposed, or `by_slot` (`KVCache`)."""
   L, K, Dh = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
   dtype = cfg.compute_dtype if dtype is None else dtype
-  axes = cache_axes()
-  return KVCache(constrain(jnp.zeros((L, batch, K, Dh, length), dtype), axes.k),
-                 constrain(jnp.zeros((L, batch, K, length, Dh), dtype), axes.v))
+  axes = cache_axes(by_slot)
+  k_shape = (L, batch, K, length, Dh) if by_slot else (L, batch, K, Dh, length)
+  return KVCache(constrain(jnp.zeros(k_shape, dtype), axes.k),
+                 constrain(jnp.zeros((L, batch, K, length, Dh), dtype), axes.v), by_slot)
 
 
-def cache_axes() -> KVCache:
-  return KVCache(("layers", "batch", "kv_heads", "head_dim", "cache_length"),
-                 ("layers", "batch", "kv_heads", "cache_length", "head_dim"))
+def cache_axes(by_slot: bool = False) -> KVCache:
+  """The cache's logical axes, as a KVCache of names."""
+  by_slot_axes = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
+  return KVCache(by_slot_axes if by_slot else ("layers", "batch", "kv_heads", "head_dim", "cache_length"),
+                 by_slot_axes, by_slot)
 
 
-def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
-  """Grouped-query attention over a cache window. q [B,T,H,Dh], k [B,K,Dh,W], v [B,K,W,Dh], allowed [B,T,W] ->
-  [B,T,H,Dh]. A decode step (T = 1) drops the length axis: per (row, kv head), [G, Dh] @ [Dh, W] @ [W, Dh]."""
+def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+                  by_slot: bool = False) -> jax.Array:
+  """Grouped-query attention over a cache window. q [B,T,H,Dh], k [B,K,Dh,W] (`by_slot`: [B,K,W,Dh]),
+  v [B,K,W,Dh], allowed [B,T,W] -> [B,T,H,Dh]. A decode step (T = 1) drops the length axis: per (row, kv head),
+  [G, Dh] @ [Dh, W] @ [W, Dh]."""
   B, T, H, Dh = q.shape
   K = cfg.n_kv_heads
   G = H // K
@@ -295,13 +324,13 @@ def _attend_cache(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, al
   q, k = q.astype(jnp.float32), k.astype(jnp.float32)  # scores in float32 (XLA:CPU has no bf16 x bf16 -> f32 here)
   if T == 1:
     q = q.reshape(B, K, G, Dh)
-    scores = jnp.einsum("bkgd,bkdw->bkgw", q, k) * scale
+    scores = jnp.einsum("bkgd,bkwd->bkgw" if by_slot else "bkgd,bkdw->bkgw", q, k) * scale
     scores = jnp.where(allowed[:, None], scores, _NEG_INF)  # allowed [B, 1, W]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgw,bkwd->bkgd", probs, v)
     return out.reshape(B, 1, H, Dh)
   q = q.reshape(B, T, K, G, Dh)
-  scores = jnp.einsum("btkgd,bkdw->bkgtw", q, k) * scale
+  scores = jnp.einsum("btkgd,bkwd->bkgtw" if by_slot else "btkgd,bkdw->bkgtw", q, k) * scale
   scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, K, G, T, W]
   out = jnp.einsum("bkgtw,bkwd->btkgd", probs, v)
@@ -334,7 +363,8 @@ def forward_cached(
   W = S if window is None else window
   chex.assert_shape(positions, (B, T))
   chex.assert_shape(kv_mask, (B, S))
-  chex.assert_shape(cache.k, (cfg.n_layers, B, cfg.n_kv_heads, cfg.head_dim, S))
+  by_slot = cache.by_slot
+  chex.assert_shape(cache.k, (cfg.n_layers, B, cfg.n_kv_heads) + ((S, cfg.head_dim) if by_slot else (cfg.head_dim, S)))
   chex.assert_shape(cache.v, (cfg.n_layers, B, cfg.n_kv_heads, S, cfg.head_dim))
   if not 0 < W <= S:
     raise ValueError(f"window {W} outside (0, {S}]")
@@ -352,28 +382,41 @@ def forward_cached(
   dt = cfg.compute_dtype
 
   K, Dh = cfg.n_kv_heads, cfg.head_dim
+  window_axes = cache_axes(by_slot)
+
+  def write_by_slot(all_: jax.Array, new: jax.Array, layer: jax.Array) -> jax.Array:
+    """new [B, K, T, Dh] into all_ [L, B, K, S, Dh] at the layer's slots index.. (per row: index[b]..)."""
+    if per_row and T == 1:  # one slot per row, scattered in place
+      return all_.at[layer, rows, :, index].set(new[:, :, 0], mode="drop")
+    if per_row:  # T slots per row from index[b]; advanced indices first: values [B, T, K, Dh]
+      at = index[:, None] + jnp.arange(T)  # [B, T]
+      return all_.at[layer, rows[:, None], :, at].set(jnp.transpose(new, (0, 2, 1, 3)), mode="drop")
+    return jax.lax.dynamic_update_slice(all_, new[None], (layer, 0, 0, index, 0))
+
+  def write_transposed(all_: jax.Array, new: jax.Array, layer: jax.Array) -> jax.Array:
+    """new [B, K, Dh, T] into all_ [L, B, K, Dh, S], as `write_by_slot`."""
+    if per_row and T == 1:
+      return all_.at[layer, rows, :, :, index].set(new[..., 0], mode="drop")
+    if per_row:
+      at = index[:, None] + jnp.arange(T)  # [B, T]
+      return all_.at[layer, rows[:, None], :, :, at].set(jnp.transpose(new, (0, 3, 1, 2)), mode="drop")
+    return jax.lax.dynamic_update_slice(all_, new[None], (layer, 0, 0, 0, index))
 
   def body(carry, lp):
-    x, k_all, v_all, layer = carry  # k_all [L, B, K, Dh, S], v_all [L, B, K, S, Dh]
+    x, k_all, v_all, layer = carry  # k_all [L, B, K, Dh, S] (by slot: [L, B, K, S, Dh]), v_all [L, B, K, S, Dh]
 
     def attend(q, k, v):  # k, v [B, T, K, Dh]: written at their slots, then the layer's window read back
-      k = jnp.transpose(k, (0, 2, 3, 1)).astype(k_all.dtype)  # [B, K, Dh, T]
-      v = jnp.transpose(v, (0, 2, 1, 3)).astype(v_all.dtype)  # [B, K, T, Dh]
-      if per_row and T == 1:  # one slot per row, scattered in place
-        k_new = k_all.at[layer, rows, :, :, index].set(k[..., 0], mode="drop")
-        v_new = v_all.at[layer, rows, :, index].set(v[:, :, 0], mode="drop")
-      elif per_row:  # T slots per row from index[b]; advanced indices first: values [B, T, K, Dh]
-        at = index[:, None] + jnp.arange(T)  # [B, T]
-        k_new = k_all.at[layer, rows[:, None], :, :, at].set(jnp.transpose(k, (0, 3, 1, 2)), mode="drop")
-        v_new = v_all.at[layer, rows[:, None], :, at].set(jnp.transpose(v, (0, 2, 1, 3)), mode="drop")
+      if by_slot:
+        k_new = write_by_slot(k_all, jnp.transpose(k, (0, 2, 1, 3)).astype(k_all.dtype), layer)
+        k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), (1, B, K, W, Dh))[0]  # [B, K, W, Dh]
       else:
-        k_new = jax.lax.dynamic_update_slice(k_all, k[None], (layer, 0, 0, 0, index))
-        v_new = jax.lax.dynamic_update_slice(v_all, v[None], (layer, 0, 0, index, 0))
-      k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), (1, B, K, Dh, W))[0]  # [B, K, Dh, W]
+        k_new = write_transposed(k_all, jnp.transpose(k, (0, 2, 3, 1)).astype(k_all.dtype), layer)
+        k_w = jax.lax.dynamic_slice(k_new, (layer, 0, 0, 0, 0), (1, B, K, Dh, W))[0]  # [B, K, Dh, W]
+      v_new = write_by_slot(v_all, jnp.transpose(v, (0, 2, 1, 3)).astype(v_all.dtype), layer)
       v_w = jax.lax.dynamic_slice(v_new, (layer, 0, 0, 0, 0), (1, B, K, W, Dh))[0]  # [B, K, W, Dh]
-      k_w = constrain(k_w, ("batch", "kv_heads", "head_dim", "cache_length"))
-      v_w = constrain(v_w, ("batch", "kv_heads", "cache_length", "head_dim"))
-      return _attend_cache(cfg, q, k_w.astype(dt), v_w.astype(dt), allowed), (k_new, v_new)
+      k_w = constrain(k_w, window_axes.k[1:])
+      v_w = constrain(v_w, window_axes.v[1:])
+      return _attend_cache(cfg, q, k_w.astype(dt), v_w.astype(dt), allowed, by_slot), (k_new, v_new)
 
     x, (k_all, v_all) = _layer(cfg, lp, x, cos, sin, attend)
     return (x, k_all, v_all, layer + 1), None
@@ -383,4 +426,4 @@ def forward_cached(
   if take is not None:
     x = jnp.take_along_axis(x, jnp.clip(take, 0, T - 1).astype(jnp.int32)[:, None, None], axis=1)  # [B, 1, D]
   h = rms_norm(x, params["final_norm"], cfg.rms_eps)
-  return logits_from_hidden(cfg, params, h), KVCache(k, v)
+  return logits_from_hidden(cfg, params, h), KVCache(k, v, by_slot)

@@ -54,7 +54,7 @@ class Requests(NamedTuple):
 class State(NamedTuple):
   """The loop's carry: R cache rows and the results of Q requests."""
 
-  cache: transformer.KVCache  # [L, R, K, Dh, S] and [L, R, K, S, Dh], written in place
+  cache: transformer.KVCache  # keys [L, R, K, Dh, S] (or by slot), values [L, R, K, S, Dh], written in place
   request: jax.Array  # [R] int32: the request the row serves; -1: idle (its writes are dropped)
   start: jax.Array  # [R] int32: the cache slot of the request's first token (position 0)
   prompt_end: jax.Array  # [R] int32: the slot after the request's prompt (its token 0 is fed there)

@@ -45,8 +45,9 @@ def requests(prompts: jax.Array, lengths: jax.Array, rng: jax.Array, stop_tokens
 
 
 def new_cache(model_cfg: ModelConfig, cfg: SamplingConfig, rows: int, length: int) -> transformer.KVCache:
+  """An empty cache of `rows` rows and `length` slots, in `cfg`'s dtype and key layout."""
   dtype = jnp.dtype(cfg.cache_dtype) if cfg.cache_dtype else model_cfg.compute_dtype
-  return transformer.init_cache(model_cfg, rows, length, dtype)
+  return transformer.init_cache(model_cfg, rows, length, dtype, transformer.keys_by_slot(cfg.key_layout))
 
 
 def prefill(model_cfg: ModelConfig, cfg: SamplingConfig, params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
