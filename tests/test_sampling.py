@@ -211,3 +211,26 @@ def test_sampling_config_rejects_bad_values():
     sampling.SamplingConfig(max_new_tokens=4, top_p=0.0)
   with pytest.raises(ValueError, match="max_new_tokens"):
     sampling.SamplingConfig(max_new_tokens=0)
+
+
+def test_a_draw_over_a_sharded_vocabulary_stays_sharded_and_draws_the_same():
+  """Logits split over 8 devices along the vocabulary (the tensor axis): the draw runs on each device's shard (no
+  all-gather of the [B, V] logits, which Llama-3's 128,256 tokens in 251 blocks forced), and draws the same tokens
+  as one device, with the same log-probs to float32 rounding (the normaliser sums the shards in another order)."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from rl_lm.aot import hlo
+
+  B, V = 4, 4000  # 63 blocks of 64 before the padding to a multiple of 8: not whole blocks on 8 shards
+  mesh = Mesh(np.array(jax.devices()[:8]), ("tensor",))
+  logits = jax.random.normal(jax.random.key(0), (B, V)) * 3
+  keys = jax.vmap(jax.random.key)(jnp.arange(B))
+  cfg = sampling.SamplingConfig(max_new_tokens=1, temperature=0.9, top_p=0.95)
+  fn = jax.jit(lambda x, k: draw.sample_token(x, None, cfg, row_keys=k))
+  sharded = jax.device_put(logits, NamedSharding(mesh, PartitionSpec(None, "tensor")))
+  text = fn.lower(sharded, keys).compile().as_text()
+  gathered = hlo.collectives(text)["all-gather"][1]
+  assert gathered < B * V * 4 / 8, gathered  # at most block totals and one block per row, never the logits
+  one, eight = fn(logits, keys), fn(sharded, keys)
+  np.testing.assert_array_equal(np.asarray(one[0]), np.asarray(eight[0]))
+  np.testing.assert_allclose(np.asarray(one[1]), np.asarray(eight[1]), rtol=1e-6)
