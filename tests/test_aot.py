@@ -621,3 +621,18 @@ def test_pod_launcher_preflight_on_worker_0_and_without(tmp_path):
   assert run.returncode == 0 and len(run.stdout.strip().splitlines()) == 1 and "rl_lm.main" in run.stdout
   run = _pod(tmp_path, ACCELERATOR="")  # a dry run cannot ask gcloud for the slice's type
   assert run.returncode == 2 and "DRY_RUN needs ACCELERATOR" in run.stderr
+
+
+@needs_libtpu
+def test_on_a_tpu_a_key_written_by_slot_costs_a_row_and_a_draw_stays_on_its_shard():
+  """The two decode-step changes the README's Llama-3.1-8B figures rest on, as XLA:TPU counts them
+  (experiments/pod_scale/decode_probe.py): writing one slot of keys stored by slot touches a row of each tile, not
+  a column through every tile (v5p: 0.36 against 12.68 MB a layer), and with the inverse CDF's block count padded
+  to a multiple of 8 a draw over a vocabulary split over tensor 8 reads a third of what it read gathered."""
+  from experiments.pod_scale import decode_probe
+
+  writes = decode_probe.key_writes()
+  assert writes["by_slot"][0] * 20 < writes["transposed"][0], writes
+  draws = decode_probe.draws()
+  assert set(draws) == {251, 256}, draws
+  assert draws[256][0] * 2.5 < draws[251][0], draws

@@ -70,10 +70,13 @@ def bandwidth() -> None:
         f"{read / seconds / 1e12:.3f} TB/s")
 
 
-def key_writes() -> None:
+KEY_WRITE = (8, 128, 1024, 128)  # layers, rows, slots, head dim: Llama-3.1-8B's cache on a v5p-64 chip, 8 layers
+
+
+def key_writes() -> dict[str, tuple[float, float]]:
+  """{layout: (bytes, seconds)} a layer, by XLA's count, of writing one slot of keys into each of 8 layers."""
   mesh, _ = _one_chip()
-  L, B, S, Dh = 8, 128, 1024, 128
-  print(f"2. One key written a layer ({L} layers of {B} rows x 1 kv head x {S} slots x {Dh}, bf16, one v5p chip):")
+  L, B, S, Dh = KEY_WRITE
 
   def by_slot(cache: jax.Array, new: jax.Array, i: jax.Array) -> jax.Array:  # cache [L, B, 1, S, Dh]
     for layer in range(L):
@@ -86,15 +89,18 @@ def key_writes() -> None:
     return cache
 
   index = _sds(mesh, (), jnp.int32)
+  out = {}
   for name, fn, cache, new in [
-      ("transposed [.., Dh, S]", transposed, (L, B, 1, Dh, S), (L, B, 1, Dh, 1)),
-      ("by slot [.., S, Dh]", by_slot, (L, B, 1, S, Dh), (L, B, 1, 1, Dh))]:
+      ("transposed", transposed, (L, B, 1, Dh, S), (L, B, 1, Dh, 1)),
+      ("by_slot", by_slot, (L, B, 1, S, Dh), (L, B, 1, 1, Dh))]:
     seconds, read = _cost(fn, [_sds(mesh, cache, BF16), _sds(mesh, new, BF16), index], donate=(0,))
-    print(f"   {name:24s} {read / L / 1e6:6.2f} MB and {seconds / L * 1e6:5.1f} us a layer "
-          f"(the key itself: {B * Dh * 2 / 1e6:.3f} MB)")
+    out[name] = (read / L, seconds / L)
+  return out
 
 
-def draws() -> None:
+def draws() -> dict[int, tuple[float, float]]:
+  """{blocks: (bytes, seconds)} per chip of a draw of 512 rows over Llama-3's vocabulary split over tensor 8, with
+  the inverse CDF's block count as rl_lm pads it and not padded."""
   from rl_lm.rollout import draw
   from rl_lm.rollout.types import SamplingConfig
 
@@ -104,17 +110,16 @@ def draws() -> None:
   cfg = SamplingConfig(max_new_tokens=1, temperature=1.0)
   keys = jax.eval_shape(lambda: jax.vmap(jax.random.key)(jnp.arange(B)))
   args = [_sds(mesh, (B, V), jnp.float32, P("data", "tensor")), _sds(mesh, keys.shape, keys.dtype, P("data"))]
-  print(f"3. The draw of {B} rows over {V:,} tokens, v5p-64 at data 4 x tensor 8 (vocabulary over tensor), per chip:")
-  kept = draw.BLOCK_MULTIPLE
+  kept, out = draw.BLOCK_MULTIPLE, {}
+  size = 1 << int(np.ceil(np.log2(np.sqrt(V))))
   try:
     for multiple in (1, kept):
       draw.BLOCK_MULTIPLE = multiple
-      size = 1 << int(np.ceil(np.log2(np.sqrt(V))))
-      blocks = -(-V // (size * multiple)) * multiple
       seconds, read = _cost(lambda x, k: draw.sample_token(x, None, cfg, row_keys=k), args)
-      print(f"   {blocks} blocks of {size}: {read / 1e6:6.1f} MB, {seconds * 1e6:5.1f} us")
+      out[-(-V // (size * multiple)) * multiple] = (read, seconds)
   finally:
     draw.BLOCK_MULTIPLE = kept
+  return out
 
 
 def decode_steps(rows: list[int]) -> None:
@@ -159,8 +164,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rows", default="", help="decode steps of Llama-3.1-8B at these rows, comma-separated")
   args = parser.parse_args(argv)
   bandwidth()
-  key_writes()
-  draws()
+  L, B, S, Dh = KEY_WRITE
+  print(f"2. One key written a layer ({L} layers of {B} rows x 1 kv head x {S} slots x {Dh}, bf16, one v5p chip):")
+  for name, (read, seconds) in key_writes().items():
+    print(f"   {name:12s} {read / 1e6:6.2f} MB and {seconds * 1e6:5.1f} us a layer "
+          f"(the key itself: {B * Dh * 2 / 1e6:.3f} MB)")
+  print("3. The draw of 512 rows over 128,256 tokens, v5p-64 at data 4 x tensor 8 (vocabulary over tensor), per chip:")
+  for blocks, (read, seconds) in draws().items():
+    print(f"   {blocks} blocks: {read / 1e6:6.1f} MB, {seconds * 1e6:5.1f} us")
   if args.rows:
     decode_steps([int(r) for r in args.rows.split(",")])
   return 0
