@@ -6,7 +6,7 @@ import dataclasses
 import os
 
 from rl_lm.config.section import Section, knob, registered
-from rl_lm.models import presets
+from rl_lm.models import presets, transformer
 
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -129,7 +129,7 @@ class Sampling(Section):
   cache_dtype: str = knob("", ("",) + DTYPES)  # KV-cache dtype; "" follows model.dtype
   # Keys [.., Dh, S] ("transposed": XLA:CPU's fast decode matmul) or [.., S, Dh] ("by_slot": a decode step writes a
   # row, not a column of tiles; TPU, GPU); "auto": by slot unless on a CPU (rl_lm/models/transformer.py, KVCache)
-  key_layout: str = knob("auto", ("auto", "transposed", "by_slot"))
+  key_layout: str = knob("auto", transformer.KEY_LAYOUTS)
   window: int = knob(64, "(0, inf)")  # decode attends over P + w, P + 2w, P + 4w, ... slots in turn (w >= N: all)
   slots: int = knob(0, "[0, inf)")  # > 0: continuous batching, this many cache rows refilled from the queue; 0: off
 
