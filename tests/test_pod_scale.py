@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from experiments.pod_scale import run
+from rl_lm.aot import chips
 from rl_lm.models import presets
 
 
@@ -16,6 +17,29 @@ def test_the_mesh_rule():
   # Under 3B parameters: FSDP over a host, data across hosts; a slice of 4 chips is one host.
   assert run.meshes(64, presets.get("qwen2.5-0.5b")) == [(8, 8, 1), (1, 64, 1), (32, 1, 2)]
   assert run.meshes(4, presets.get("qwen2.5-1.5b")) == [(1, 4, 1), (2, 1, 2)]  # 2 KV heads: tensor over 2
+
+
+def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_first(tmp_path: Path, monkeypatch):
+  v5e = chips.resolve("v5e-8").chip  # 15.75 GiB usable
+  # Qwen2.5-32B, GRPO over tensor 8: 16 bytes x 32.8B parameters / 8 chips = 66 GB a chip.
+  assert run.unlikely(presets.get("qwen2.5-32b"), "grpo", v5e, (1, 1, 8))
+  # Llama-3.1-8B with LoRA: the float32 base alone, 4 x 8.0B / 8 = 4.0 GB.
+  assert not run.unlikely(presets.get("llama-3.1-8b"), "lora", v5e, (1, 1, 8))
+  # Data parallelism does not share the state: every chip holds all of Qwen2.5-1.5B's, 25 GB.
+  assert run.unlikely(presets.get("qwen2.5-1.5b"), "grpo", v5e, (8, 1, 1))
+  calls = []
+
+  def aot(cmd: list[str], folder: Path) -> dict:
+    calls.append("--nocost" in cmd)
+    return {"fits": True, "refusal": None, "programs": []}
+
+  monkeypatch.setattr(run, "_aot", aot)
+  c = run.cell("qwen2.5-32b", "grpo", "v5e-8", tmp_path)
+  assert calls == [True, False]  # memory-only, then the same mesh with costs
+  assert c["mesh"] == (1, 1, 8) and "--nocost" not in c["command"]
+  calls.clear()
+  run.cell("llama-3.1-8b", "lora", "v5e-8", tmp_path)
+  assert calls == [False]  # with costs at once
 
 
 def _program(function: str, seconds: float | None = None, basis: str = "xla", why: str | None = None,

@@ -6,12 +6,12 @@
 
 Each cell is one `python -m rl_lm.aot` command (`configs/pod.py`: 512 rows of 256 + 768 tokens; printed with the
 table). Its mesh is the first of `meshes(chips, model)` that fits: the first candidate is compiled with costs at
-once; when it does not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled
-with costs. A cell where none fits shows the refusal of the candidate that came closest. A cell takes 3-10
-minutes on 2 cores. Its summary (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is
-kept in the repository, so a rerun compiles only what is missing and `--report` rebuilds the tables from what is
-there; the compile logs beside it are not kept. Writes `pod_scale.md` (the tables and the commands) and
-`pod_scale.json` in the workdir.
+once (memory-only first when its weights and optimizer state alone all but fill a chip, `unlikely`); when it does
+not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled with costs. A cell where
+none fits shows the refusal of the candidate that came closest. A cell takes 3-10 minutes on 2 cores. Its summary
+(`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is kept in the repository, so a rerun
+compiles only what is missing and `--report` rebuilds the tables from what is there; the compile logs beside it are
+not kept. Writes `pod_scale.md` (the tables and the commands) and `pod_scale.json` in the workdir.
 
 The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every mesh of a slice, at ~10x the
 compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
@@ -63,6 +63,20 @@ def meshes(chips: int, model: ModelConfig) -> list[tuple[int, int, int]]:
   big = [(chips // t, 1, t), (1, chips // t, t), (1, chips, 1)]
   small = [(chips // host, host, 1), (1, chips, 1), (chips // t, 1, t)]
   return list(dict.fromkeys(big if model.num_params() >= SMALL else small))
+
+
+# Bytes a run holds per parameter whatever its batch (configs/pod.py: float32 weights, Adam's two float32 moments):
+# GRPO the policy, its optimizer state and the reference; LoRA the frozen base alone (the adapters are small); PPO
+# adds the value model with its optimizer state and the reward model.
+STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
+UNLIKELY = 0.8  # of a chip's usable HBM: a candidate whose state alone takes more rarely fits
+
+
+def unlikely(model: ModelConfig, recipe: str, chip: chips_lib.Chip, mesh: tuple[int, int, int]) -> bool:
+  """True when the weights and optimizer state alone, over the mesh's fsdp x tensor chips, take more than
+  `UNLIKELY` of a chip's usable HBM: such a first candidate is compiled memory-only first (a quarter of the time of
+  a compile with costs), not with costs at once. Only the order of the compiles depends on it, not the cell."""
+  return STATE_BYTES[recipe] * model.num_params() / (mesh[1] * mesh[2]) > UNLIKELY * chip.usable_bytes
 
 
 def _hopeless(record: dict[str, Any] | None, mesh: tuple[int, int, int], chips: int) -> bool:
@@ -118,12 +132,14 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   folder = done.parent
   if done.exists():
     return json.loads(done.read_text())
-  chips = chips_lib.resolve(topology).chips
+  slice_ = chips_lib.resolve(topology)
+  chips, config = slice_.chips, presets.get(model)
   tried, best = [], None
   start = time.perf_counter()
-  for k, mesh in enumerate(meshes(chips, presets.get(model))):
+  for k, mesh in enumerate(meshes(chips, config)):
     where = folder / f"mesh_{'x'.join(map(str, mesh))}"
-    cost = k == 0  # the first candidate usually fits: compile it with costs at once
+    # The first candidate usually fits: compiled with costs at once, unless its state alone all but fills a chip.
+    cost = k == 0 and not unlikely(config, recipe, slice_.chip, mesh)
     cmd = command(model, recipe, topology, mesh, where / ("cost" if cost else "memory"), cost=cost)
     record = _aot(cmd, where / ("cost" if cost else "memory"))
     tried.append({"mesh": mesh, "fits": bool(record and record.get("fits")), "refusal": record and record["refusal"]})
@@ -139,6 +155,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
       break
   out = {"model": model, "recipe": recipe, "topology": topology, "chips": chips, "tried": tried,
          "seconds": time.perf_counter() - start, **best}
+  folder.mkdir(parents=True, exist_ok=True)
   done.write_text(json.dumps(out, indent=1))
   return out
 
