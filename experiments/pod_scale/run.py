@@ -69,7 +69,7 @@ def meshes(chips: int, model: ModelConfig) -> list[tuple[int, int, int]]:
 # GRPO the policy, its optimizer state and the reference; LoRA the frozen base alone (the adapters are small); PPO
 # adds the value model with its optimizer state and the reward model.
 STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
-UNLIKELY = 0.8  # of a chip's usable HBM: a candidate whose state alone takes more rarely fits
+UNLIKELY = 0.6  # of a chip's usable HBM: past it, activations, rollouts and the cache rarely fit in the rest
 
 
 def unlikely(model: ModelConfig, recipe: str, chip: chips_lib.Chip, mesh: tuple[int, int, int]) -> bool:
