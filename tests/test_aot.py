@@ -435,8 +435,8 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
 @needs_libtpu
 def test_prepare_in_chunks_is_costed_chunk_by_chunk_as_the_run_loops(tmp_path):
   """Prepare scoring its 32 rows in 2 chunks is a loop, and each chunk all-gathers the FSDP-sharded weights again
-  (the compiled program gathers inside the loop). It is costed as 2 calls on 16 rows: the same FLOPs as without
-  chunks, twice the weights' all-gather bytes. (Unrolled as one piece, XLA gathered them once for both chunks.)"""
+  (the compiled program gathers inside the loop). It is costed as 2 calls on 16 rows: the same FLOPs as in one
+  chunk, twice the weights' all-gather bytes. (Unrolled as one piece, XLA gathered them once for both chunks.)"""
   results = {}
   for chunks in (1, 2):
     out, _ = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"prepare"}), prepare_chunks=chunks)
