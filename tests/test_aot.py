@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import stat
 import subprocess
@@ -354,11 +353,11 @@ def _aot(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                         text=True, timeout=timeout)
 
 
-def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None, distill: bool = False,
-                prepare_chunks: int = 1) -> tuple[dict, chips.Topology]:
+def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None, distill: bool = False
+                ) -> tuple[dict, chips.Topology]:
   """The RL step of a small preset, its weights over every chip (fsdp), compiled and costed for `topology`; only
   the programs named in `keep`, if given; with `distill`, GKD (the JSD loss) towards a teacher of the same preset
-  stored in bfloat16; prepare (and the teacher) scoring the rows in `prepare_chunks` chunks."""
+  stored in bfloat16."""
   from configs import default
   from rl_lm import config as config_lib
   from rl_lm import mesh as mesh_lib
@@ -370,7 +369,6 @@ def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = Non
   config.mesh.data, config.mesh.fsdp = 1, -1
   config.rl.prompts_per_step, config.rl.group_size, config.rl.minibatches, config.rl.grad_accum = 8, 4, 2, 2
   config.eval.rows, config.eval.greedy = 32, False
-  config.rl.prepare_chunks = prepare_chunks
   if distill:
     config.rl.distill.coef, config.rl.distill.loss, config.teacher.init_from = 1.0, "jsd", str(tmp_path)
   if topology == "v5e:2x2":  # one attention window (two decode pieces fewer); v5p:2x2x2 interpolates between two
@@ -433,27 +431,6 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
 
 
 @needs_libtpu
-def test_prepare_in_chunks_is_costed_chunk_by_chunk_as_the_run_loops(tmp_path):
-  """Prepare scoring its 32 rows in 2 chunks is a loop, and each chunk all-gathers the FSDP-sharded weights again
-  (the compiled program gathers inside the loop). It is costed as 2 calls on 16 rows: the same FLOPs as in one
-  chunk, twice the weights' all-gather bytes. (Unrolled as one piece, XLA gathered them once for both chunks.)"""
-  results = {}
-  for chunks in (1, 2):
-    out, _ = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"prepare"}), prepare_chunks=chunks)
-    results[chunks] = out["rows"]["rl/prepare"].result
-  one, two = results[1].cost, results[2].cost
-  assert two.flops == pytest.approx(one.flops, rel=0.02)
-  assert two.collectives["all-gather"][1] == pytest.approx(2 * one.collectives["all-gather"][1], rel=0.02)
-  compiler = measure.Compiler(1, chips.resolve("v5e:2x2"))
-  text = compiler.submit("p", results[2].program.memory, want_text=True).result().text
-  compiler.close()
-  bodies = set(re.findall(r"body=%?([\w.\-]+)", text))  # the computations that while loops run
-  gathering = {m.group(1) for block in text.split("\n\n")
-               if (m := re.match(r"\s*(?:ENTRY )?%?([\w.\-]+)", block)) and "all-gather" in block}
-  assert bodies & gathering, "the program as the run calls it gathers the weights inside a loop"
-
-
-@needs_libtpu
 def test_a_distillation_step_compiles_with_its_teacher(tmp_path):
   """GKD on v5e:2x2: the teacher's forward is a program of its own; it, prepare and the update (which makes the
   teacher's logits from the hidden states it made) fit with the teacher resident, its weights are sharded over the
@@ -461,8 +438,7 @@ def test_a_distillation_step_compiles_with_its_teacher(tmp_path):
   from rl_lm.aot import programs, report, stages
   from rl_lm.models import build
 
-  out, t = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"teacher", "prepare", "update"}), distill=True,
-                       prepare_chunks=2)
+  out, t = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"teacher", "prepare", "update"}), distill=True)
   rows, a = out["rows"], out["a"]
   assert set(rows) == {"rl/teacher", "rl/prepare", "rl/update"}
   for name, row in rows.items():

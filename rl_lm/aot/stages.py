@@ -9,8 +9,7 @@
 A stage's `resident` buffers are what its trainer keeps on the chips while each program runs: the train state,
 the reference, the context's policy, rollouts in flight, a reward model, a teacher, a judge (`RLTrainer._build_state`,
 `stage_run.StageRun.start`). The update's cost is E x M x A micro-batch steps (one micro-batch, E = M = A = 1,
-compiled at its real size) less the (A - 1) optimizer steps per minibatch that those count once too many;
-prepare's (and a teacher's) is `rl.prepare_chunks` calls on one chunk of rows, as the run's loop makes them.
+compiled at its real size) less the (A - 1) optimizer steps per minibatch that those count once too many.
 """
 
 from __future__ import annotations
@@ -143,32 +142,22 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     return rl_update.make_update_fn(model, rl_cfg, temperature, norm_constant, st.optimizers, st.shardings, a.mesh,
                                     a.rules, lcfg, jsd)
 
-  def teacher_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:  # `model`: the teacher's config
-    fn = rl_update.make_teacher_fn(model, rl_cfg, temperature, a.mesh, a.rules)
-    return Call(fn, (build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (rows, T), jnp.int32),
-                     batch_sds(a, (rows, T), bool)))
+  def teacher_call(model: ModelConfig) -> Call:  # `model`: the teacher's config (at 1, 2 or all its layers)
+    fn = rl_update.make_teacher_fn(model, rl, temperature, a.mesh, a.rules)
+    return Call(fn, (build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (B, T), jnp.int32),
+                     batch_sds(a, (B, T), bool)))
 
-  def prepare_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
+  def prepare_call(model: ModelConfig) -> Call:
     st = rl_state(a, model)
-    fn = rl_update.make_prepare_fn(model, rl_cfg, temperature, a.mesh, a.rules, lcfg)
+    fn = rl_update.make_prepare_fn(model, rl, temperature, a.mesh, a.rules, lcfg)
     value = st.state.value.params if ppo else None
-    scored = rl_update.Scored(*(batch_sds(a, (rows,), dtype) for dtype in (jnp.float32, bool, bool, bool)))
-    args = (st.state.policy.params, st.reference, value, _rollout(a, rows, T), scored, st.state.kl.coef)
+    scored = rl_update.Scored(batch_sds(a, (B,), jnp.float32), batch_sds(a, (B,), bool), batch_sds(a, (B,), bool),
+                              batch_sds(a, (B,), bool))
+    args = (st.state.policy.params, st.reference, value, _rollout(a, B, T), scored, st.state.kl.coef)
     if teacher is not None:  # the teacher program's output
-      args += (rl_update.TeacherScores(batch_sds(a, (rows, T), jnp.float32),
-                                       _train_batch(a, rows, T, False, jsd).teacher_hidden),)
+      args += (rl_update.TeacherScores(batch_sds(a, (B, T), jnp.float32),
+                                       _train_batch(a, B, T, False, jsd).teacher_hidden),)
     return Call(fn, args)
-
-  # Prepare (and the teacher) score the rows in C chunks, a loop (`rl_update.row_chunks`): the cost is C calls on
-  # one chunk's rows, as the update's is its micro-batches'. The loop unrolled instead let XLA share work between
-  # the chunks that the run's loop repeats in each (FSDP's weight all-gathers: once, not C times), and made a piece
-  # C times the size to compile. A chunk of whole groups, or its advantages would not be the run's.
-  C = rl.prepare_chunks
-  chunked = C > 1 and (B // C) % rl.group_size == 0
-  one_chunk = dict(rows=B // C, rl_cfg=_variant(rl, prepare_chunks=1))
-
-  def chunk_term(key: str, call: Callable[..., Call], **kw: Any) -> Term:
-    return Term(C, key, functools.partial(call, **one_chunk), **kw) if chunked else Term(1, key, call, **kw)
 
   def update_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
     st = rl_state(a, model)
@@ -213,13 +202,13 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
                                                            else 0.0)
   if lcfg:
     pre_hw += 2.0 * B * T * flops.lora_params(a.model, lcfg)
-  out.append(Program("rl", "prepare", prepare_call(a.model), [chunk_term("rl/prepare", prepare_call)] if cost else [],
+  out.append(Program("rl", "prepare", prepare_call(a.model), [Term(1, "rl/prepare", prepare_call)] if cost else [],
                      pre_hw, pre_hw, frozenset({"policy.params", "reference", "base", "value.params", "rollout"}),
                      B * T, per_step=True))
 
   if teacher is not None:
     fwd = flops.total(flops.scored(teacher, B, T))
-    out.append(Program("rl", "teacher", teacher_call(teacher), [chunk_term("rl/teacher", teacher_call, model=teacher)]
+    out.append(Program("rl", "teacher", teacher_call(teacher), [Term(1, "rl/teacher", teacher_call, model=teacher)]
                        if cost else [], fwd, fwd, frozenset({"teacher", "rollout"}), B * T, per_step=True,
                        note=f"the teacher's forward ({_count(teacher.num_params())} parameters)"))
 
