@@ -353,11 +353,11 @@ def _aot(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                         text=True, timeout=timeout)
 
 
-def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None, distill: bool = False
-                ) -> tuple[dict, chips.Topology]:
+def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = None, distill: bool = False,
+                prepare_chunks: int = 1) -> tuple[dict, chips.Topology]:
   """The RL step of a small preset, its weights over every chip (fsdp), compiled and costed for `topology`; only
   the programs named in `keep`, if given; with `distill`, GKD (the JSD loss) towards a teacher of the same preset
-  stored in bfloat16."""
+  stored in bfloat16; prepare (and the teacher) scoring the rows in `prepare_chunks` chunks."""
   from configs import default
   from rl_lm import config as config_lib
   from rl_lm import mesh as mesh_lib
@@ -369,6 +369,7 @@ def _rl_results(topology: str, tmp_path: Path, keep: frozenset[str] | None = Non
   config.mesh.data, config.mesh.fsdp = 1, -1
   config.rl.prompts_per_step, config.rl.group_size, config.rl.minibatches, config.rl.grad_accum = 8, 4, 2, 2
   config.eval.rows, config.eval.greedy = 32, False
+  config.rl.prepare_chunks = prepare_chunks
   if distill:
     config.rl.distill.coef, config.rl.distill.loss, config.teacher.init_from = 1.0, "jsd", str(tmp_path)
   if topology == "v5e:2x2":  # one attention window (two decode pieces fewer); v5p:2x2x2 interpolates between two
@@ -430,6 +431,27 @@ def test_rl_step_compiles_fits_and_is_sharded(topology, tmp_path):
   assert update.cost.collectives["all-gather"][0] > 0
 
 
+@pytest.mark.parametrize("rows, chunks, group, expected", [
+  (512, 8, 8, 1),    # 64 rows a chip, 8 a chunk: one chunk a piece, costed 8 times
+  (64, 8, 8, 4),     # 8 rows a chip: 4 chunks give 4 rows a chip
+  (32, 8, 4, 8),     # 4 rows a chip: only all 8 chunks give 4
+  (512, 8, 128, 2),  # a chunk of 64 rows is half a group: two chunks
+  (512, 1, 8, 1),    # no chunks
+])
+def test_prepare_is_costed_on_the_fewest_chunks_that_give_a_chip_enough_rows(rows, chunks, group, expected):
+  """Prepare scores its rows in chunks, a loop that gathers FSDP weights again in each: its cost piece holds as few
+  chunks as give every chip PIECE_ROWS rows (XLA:TPU gives no time below) and whole groups, and is counted
+  chunks / g times. Rows here are split over 8 chips (data 2 x fsdp 4)."""
+  from configs import default
+  from rl_lm import mesh as mesh_lib
+  from rl_lm.aot import programs, stages
+
+  config = default.get_config("smoke")
+  a = programs.context(config, mesh_lib.make_mesh(2, 4, 1))
+  assert stages.PIECE_ROWS == 4
+  assert stages.prepare_piece(a, rows, chunks, group) == expected
+
+
 @needs_libtpu
 def test_a_distillation_step_compiles_with_its_teacher(tmp_path):
   """GKD on v5e:2x2: the teacher's forward is a program of its own; it, prepare and the update (which makes the
@@ -438,9 +460,17 @@ def test_a_distillation_step_compiles_with_its_teacher(tmp_path):
   from rl_lm.aot import programs, report, stages
   from rl_lm.models import build
 
-  out, t = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"teacher", "prepare", "update"}), distill=True)
+  out, t = _rl_results("v5e:2x2", tmp_path, keep=frozenset({"teacher", "prepare", "update"}), distill=True,
+                       prepare_chunks=2)
   rows, a = out["rows"], out["a"]
   assert set(rows) == {"rl/teacher", "rl/prepare", "rl/update"}
+  # 32 rows in 2 chunks, 8 a chip: a chunk gives a chip 4 rows, so each is costed as 2 calls of one chunk (the FLOP
+  # check below then says the count is right).
+  for name in ("rl/teacher", "rl/prepare"):
+    (term,) = rows[name].result.program.cost
+    call = term.build(term.model or a.model)
+    tokens = call.args[1] if name == "rl/teacher" else call.args[3].tokens
+    assert term.count == 2 and tokens.shape[0] == 16, name
   for name, row in rows.items():
     assert row.result.compiled.error == "" and row.fits and 0 < row.needed < t.chip.usable_bytes, name
     assert report.FLAG_LOW <= row.ratio <= report.FLAG_HIGH and row.checked, (name, row.ratio, row.why)

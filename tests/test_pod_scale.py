@@ -42,6 +42,34 @@ def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_f
   assert calls == [False]  # with costs at once
 
 
+def test_a_cell_kept_from_an_earlier_costing_is_costed_again_on_its_mesh_alone(tmp_path: Path, monkeypatch):
+  calls = []
+
+  def aot(cmd: list[str], folder: Path) -> dict:
+    calls.append([a for a in cmd if a.startswith("--config.mesh") or a == "--nocost"])
+    return {"fits": True, "refusal": None, "programs": [], "new": True}
+
+  monkeypatch.setattr(run, "_aot", aot)
+  old = {"model": "llama-3.1-8b", "recipe": "grpo", "topology": "v5p-64", "chips": 32, "seconds": 340.0,
+         "tried": [{"mesh": [4, 1, 8], "fits": True, "refusal": None}], "mesh": [4, 1, 8],
+         "record": {"fits": True, "programs": []}, "command": "python -m rl_lm.aot ..."}
+  refused = {**old, "topology": "v5e-8", "mesh": [1, 8, 1], "record": {"fits": False, "programs": []}}
+  for kept in (old, refused):
+    path = run._done(tmp_path, kept["model"], kept["recipe"], kept["topology"])
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(kept))
+  assert not run.current(old) and run.current(refused)  # a refusal does not depend on the costing
+  c = run.cell("llama-3.1-8b", "grpo", "v5p-64", tmp_path)
+  # One compile, with costs, on the mesh it fitted with; no search.
+  assert calls == [["--config.mesh.data=4", "--config.mesh.fsdp=1", "--config.mesh.tensor=8"]]
+  assert c["record"]["new"] and c["costing"] == run.COSTING and c["searched_before"] == 340.0
+  assert run.current(json.loads(run._done(tmp_path, "llama-3.1-8b", "grpo", "v5p-64").read_text()))
+  calls.clear()
+  run.cell("llama-3.1-8b", "grpo", "v5p-64", tmp_path)
+  run.cell("llama-3.1-8b", "grpo", "v5e-8", tmp_path)
+  assert calls == []  # both stand as kept now
+
+
 def _program(function: str, seconds: float | None = None, basis: str = "xla", why: str | None = None,
              **extra: float) -> dict:
   cost = {"seconds": seconds, "seconds_basis": basis} if seconds else None

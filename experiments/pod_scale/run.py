@@ -10,8 +10,9 @@ once (memory-only first when its weights and optimizer state alone all but fill 
 not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled with costs. A cell where
 none fits shows the refusal of the candidate that came closest. A cell takes 3-10 minutes on 2 cores. Its summary
 (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is kept in the repository, so a rerun
-compiles only what is missing and `--report` rebuilds the tables from what is there; the compile logs beside it are
-not kept. Writes `pod_scale.md` (the tables and the commands) and `pod_scale.json` in the workdir.
+compiles only what is missing (and costs again, on its mesh alone, a cell kept from an earlier way of costing,
+`COSTING`) and `--report` rebuilds the tables from what is there; the compile logs beside it are not kept.
+Writes `pod_scale.md` (the tables and the commands) and `pod_scale.json` in the workdir.
 
 The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every mesh of a slice, at ~10x the
 compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
@@ -69,6 +70,9 @@ def meshes(chips: int, model: ModelConfig) -> list[tuple[int, int, int]]:
 # GRPO the policy, its optimizer state and the reference; LoRA the frozen base alone (the adapters are small); PPO
 # adds the value model with its optimizer state and the reward model.
 STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
+# The way cost pieces are built (rl_lm/aot): 2 since prepare's row chunks are costed a few at a time
+# (`stages.prepare_piece`), not all unrolled in one piece. A kept cell of an earlier way is costed again (`recost`).
+COSTING = 2
 UNLIKELY = 0.6  # of a chip's usable HBM: past it, activations, rollouts and the cache rarely fit in the rest
 
 
@@ -106,6 +110,8 @@ def shown(cmd: list[str]) -> str:
 def _aot(cmd: list[str], folder: Path) -> dict[str, Any] | None:
   """Runs one rl_lm.aot command; its JSON record (with the refusal line, if any), or None when it wrote none."""
   folder.mkdir(parents=True, exist_ok=True)
+  for stale in folder.glob("aot_*.json"):  # an earlier run's record is not this one's
+    stale.unlink()
   with open(folder / "log.txt", "w") as log:
     run = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
   found = sorted(folder.glob("aot_*.json"))
@@ -126,12 +132,37 @@ def _done(root: Path, model: str, recipe: str, topology: str) -> Path:
   return root / f"{model}__{topology}__{recipe}" / "cell.json"
 
 
+def current(kept: dict[str, Any]) -> bool:
+  """Whether a kept cell stands as it is: costed the current way (`COSTING`), or fitting on no mesh (a refusal is
+  the memory of the programs as the run calls them, which the costing does not touch)."""
+  return kept.get("costing", 1) == COSTING or not (kept.get("record") or {}).get("fits")
+
+
+def recost(kept: dict[str, Any], root: Path) -> dict[str, Any]:
+  """A kept cell costed an earlier way, costed again on the mesh it fits with (its search is not repeated)."""
+  mesh = tuple(kept["mesh"])
+  where = _done(root, kept["model"], kept["recipe"], kept["topology"]).parent / f"mesh_{'x'.join(map(str, mesh))}"
+  cmd = command(kept["model"], kept["recipe"], kept["topology"], mesh, where / "cost", cost=True)
+  start = time.perf_counter()
+  record = _aot(cmd, where / "cost")
+  if not (record and record.get("fits")):  # the memory programs are unchanged: it fitted, it must fit again
+    raise RuntimeError(f"{kept['model']} {kept['topology']} {kept['recipe']}: mesh {mesh} fitted, and now does not: "
+                       f"{(record or {}).get('refusal')}")
+  return {**kept, "record": record, "command": shown(cmd), "costing": COSTING,
+          "seconds": time.perf_counter() - start, "searched_before": kept.get("searched_before", kept["seconds"])}
+
+
 def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   """Compiles one cell (see the module docstring) and returns its summary; cached in <root>/<cell>/cell.json."""
   done = _done(root, model, recipe, topology)
   folder = done.parent
   if done.exists():
-    return json.loads(done.read_text())
+    kept = json.loads(done.read_text())
+    if current(kept):
+      return kept
+    out = recost(kept, root)
+    done.write_text(json.dumps(out, indent=1))
+    return out
   slice_ = chips_lib.resolve(topology)
   chips, config = slice_.chips, presets.get(model)
   tried, best = [], None
@@ -154,7 +185,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
     if _hopeless(record, mesh, chips):
       break
   out = {"model": model, "recipe": recipe, "topology": topology, "chips": chips, "tried": tried,
-         "seconds": time.perf_counter() - start, **best}
+         "seconds": time.perf_counter() - start, "costing": COSTING, **best}
   folder.mkdir(parents=True, exist_ok=True)
   done.write_text(json.dumps(out, indent=1))
   return out
@@ -234,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
   # Recipe by recipe, slice by slice: an interrupted run leaves whole rows of the first tables.
   grid = [(m, r, t) for r in args.recipes.split(",") for t in args.topologies.split(",") for m in args.only.split(",")]
   cells, start = [], time.perf_counter()
-  todo = [g for g in grid if not _done(root, *g).exists()]
+  todo = [g for g in grid if not _done(root, *g).exists() or not current(json.loads(_done(root, *g).read_text()))]
   compiled = 0
   for i, (model, recipe, topology) in enumerate(grid):
     done = _done(root, model, recipe, topology)
@@ -242,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
       if done.exists():
         cells.append(json.loads(done.read_text()))
       continue
-    cached = done.exists()
+    cached = done.exists() and current(json.loads(done.read_text()))
     c = cell(model, recipe, topology, root)
     cells.append(c)
     if cached:

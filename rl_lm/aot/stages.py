@@ -9,7 +9,8 @@
 A stage's `resident` buffers are what its trainer keeps on the chips while each program runs: the train state,
 the reference, the context's policy, rollouts in flight, a reward model, a teacher, a judge (`RLTrainer._build_state`,
 `stage_run.StageRun.start`). The update's cost is E x M x A micro-batch steps (one micro-batch, E = M = A = 1,
-compiled at its real size) less the (A - 1) optimizer steps per minibatch that those count once too many.
+compiled at its real size) less the (A - 1) optimizer steps per minibatch that those count once too many;
+prepare's (and a teacher's) is C / g calls on g of its C row chunks (`prepare_piece`), as the run's loop makes them.
 """
 
 from __future__ import annotations
@@ -96,6 +97,24 @@ def rl_state(a: Abstract, model: ModelConfig) -> _RL:
              lcfg)
 
 
+PIECE_ROWS = 4  # rows a chip at least in a cost piece: XLA:TPU gives no time for prepare at 1 or 2 (v5p-64)
+
+
+def prepare_piece(a: Abstract, rows: int, chunks: int, group: int) -> int:
+  """g, the row chunks of prepare (`rl.prepare_chunks`) one cost piece holds: the fewest that give every chip
+  `PIECE_ROWS` rows at least and whole groups (the advantages are the run's only over whole groups), else all.
+
+  The run loops over the chunks (`rl_update.row_chunks`), and each chunk gathers FSDP-sharded weights again; a piece
+  with all C chunks unrolled let XLA share that work between them (Qwen2.5-0.5B on v5e-8: 8x too few all-gather
+  bytes), and was C times the size to compile. A piece of one chunk's rows is the run's body, but at 1 or 2 rows a
+  chip XLA:TPU gives it no time."""
+  per_chip = batch_sds(a, (rows,), bool).sharding.shard_shape((rows,))[0]
+  for g in range(1, chunks):
+    if chunks % g == 0 and (rows // chunks * g) % group == 0 and per_chip * g >= PIECE_ROWS * chunks:
+      return g
+  return chunks
+
+
 def _count(n: float) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
 
@@ -142,22 +161,29 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     return rl_update.make_update_fn(model, rl_cfg, temperature, norm_constant, st.optimizers, st.shardings, a.mesh,
                                     a.rules, lcfg, jsd)
 
-  def teacher_call(model: ModelConfig) -> Call:  # `model`: the teacher's config (at 1, 2 or all its layers)
-    fn = rl_update.make_teacher_fn(model, rl, temperature, a.mesh, a.rules)
-    return Call(fn, (build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (B, T), jnp.int32),
-                     batch_sds(a, (B, T), bool)))
+  def teacher_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:  # `model`: the teacher's config
+    fn = rl_update.make_teacher_fn(model, rl_cfg, temperature, a.mesh, a.rules)
+    return Call(fn, (build.abstract_params(model, a.mesh, a.rules), batch_sds(a, (rows, T), jnp.int32),
+                     batch_sds(a, (rows, T), bool)))
 
-  def prepare_call(model: ModelConfig) -> Call:
+  def prepare_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
     st = rl_state(a, model)
-    fn = rl_update.make_prepare_fn(model, rl, temperature, a.mesh, a.rules, lcfg)
+    fn = rl_update.make_prepare_fn(model, rl_cfg, temperature, a.mesh, a.rules, lcfg)
     value = st.state.value.params if ppo else None
-    scored = rl_update.Scored(batch_sds(a, (B,), jnp.float32), batch_sds(a, (B,), bool), batch_sds(a, (B,), bool),
-                              batch_sds(a, (B,), bool))
-    args = (st.state.policy.params, st.reference, value, _rollout(a, B, T), scored, st.state.kl.coef)
+    scored = rl_update.Scored(*(batch_sds(a, (rows,), dtype) for dtype in (jnp.float32, bool, bool, bool)))
+    args = (st.state.policy.params, st.reference, value, _rollout(a, rows, T), scored, st.state.kl.coef)
     if teacher is not None:  # the teacher program's output
-      args += (rl_update.TeacherScores(batch_sds(a, (B, T), jnp.float32),
-                                       _train_batch(a, B, T, False, jsd).teacher_hidden),)
+      args += (rl_update.TeacherScores(batch_sds(a, (rows, T), jnp.float32),
+                                       _train_batch(a, rows, T, False, jsd).teacher_hidden),)
     return Call(fn, args)
+
+  C = rl.prepare_chunks
+  g = prepare_piece(a, B, C, rl.group_size)
+  piece = dict(rows=B // C * g, rl_cfg=_variant(rl, prepare_chunks=g))
+
+  def chunk_term(key: str, call: Callable[..., Call], **kw: Any) -> Term:
+    """Prepare's (or the teacher's) cost: C / g calls of a piece of g chunks (`prepare_piece`)."""
+    return Term(C // g, key, functools.partial(call, **piece), **kw)
 
   def update_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
     st = rl_state(a, model)
@@ -202,13 +228,13 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
                                                            else 0.0)
   if lcfg:
     pre_hw += 2.0 * B * T * flops.lora_params(a.model, lcfg)
-  out.append(Program("rl", "prepare", prepare_call(a.model), [Term(1, "rl/prepare", prepare_call)] if cost else [],
+  out.append(Program("rl", "prepare", prepare_call(a.model), [chunk_term("rl/prepare", prepare_call)] if cost else [],
                      pre_hw, pre_hw, frozenset({"policy.params", "reference", "base", "value.params", "rollout"}),
                      B * T, per_step=True))
 
   if teacher is not None:
     fwd = flops.total(flops.scored(teacher, B, T))
-    out.append(Program("rl", "teacher", teacher_call(teacher), [Term(1, "rl/teacher", teacher_call, model=teacher)]
+    out.append(Program("rl", "teacher", teacher_call(teacher), [chunk_term("rl/teacher", teacher_call, model=teacher)]
                        if cost else [], fwd, fwd, frozenset({"teacher", "rollout"}), B * T, per_step=True,
                        note=f"the teacher's forward ({_count(teacher.num_params())} parameters)"))
 
