@@ -97,7 +97,7 @@ def rl_state(a: Abstract, model: ModelConfig) -> _RL:
              lcfg)
 
 
-PIECE_ROWS = 4  # rows a chip at least in a cost piece: XLA:TPU gives no time for prepare at 1 or 2 (v5p-64)
+PIECE_ROWS = 8  # rows a chip at least in a cost piece: XLA:TPU gives prepare no time at 2 or 4 (v5p-64), at 8 one
 
 
 def prepare_piece(a: Abstract, rows: int, chunks: int, group: int) -> int:
@@ -106,7 +106,7 @@ def prepare_piece(a: Abstract, rows: int, chunks: int, group: int) -> int:
 
   The run loops over the chunks (`rl_update.row_chunks`), and each chunk gathers FSDP-sharded weights again; a piece
   with all C chunks unrolled let XLA share that work between them (Qwen2.5-0.5B on v5e-8: 8x too few all-gather
-  bytes), and was C times the size to compile. A piece of one chunk's rows is the run's body, but at 1 or 2 rows a
+  bytes), and was C times the size to compile. A piece of one chunk's rows is the run's body, but below 8 rows a
   chip XLA:TPU gives it no time."""
   per_chip = batch_sds(a, (rows,), bool).sharding.shard_shape((rows,))[0]
   for g in range(1, chunks):
