@@ -29,7 +29,7 @@ def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_f
   assert run.unlikely(presets.get("qwen2.5-1.5b"), "grpo", v5e, (8, 1, 1))
   calls = []
 
-  def aot(cmd: list[str], folder: Path) -> dict:
+  def aot(cmd: list[str], folder: Path, reuse: bool = False) -> dict:
     calls.append("--nocost" in cmd)
     return {"fits": True, "refusal": None, "programs": []}
 
@@ -45,7 +45,7 @@ def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_f
 def test_a_cell_kept_from_an_earlier_costing_is_costed_again_on_its_mesh_alone(tmp_path: Path, monkeypatch):
   calls = []
 
-  def aot(cmd: list[str], folder: Path) -> dict:
+  def aot(cmd: list[str], folder: Path, reuse: bool = False) -> dict:
     calls.append([a for a in cmd if a.startswith("--config.mesh") or a == "--nocost"])
     return {"fits": True, "refusal": None, "programs": [], "new": True}
 
@@ -68,6 +68,16 @@ def test_a_cell_kept_from_an_earlier_costing_is_costed_again_on_its_mesh_alone(t
   run.cell("llama-3.1-8b", "grpo", "v5p-64", tmp_path)
   run.cell("llama-3.1-8b", "grpo", "v5e-8", tmp_path)
   assert calls == []  # both stand as kept now
+
+
+def test_a_memory_only_record_left_by_an_interrupted_table_is_reused_a_costed_one_is_not(tmp_path: Path):
+  import sys
+
+  kept = {"fits": False, "refusal": "rl_lm.aot: does not fit: ...", "programs": []}
+  (tmp_path / "aot_v6e-8.json").write_text(json.dumps(kept))
+  nothing = [sys.executable, "-c", "pass"]  # a command that writes no record
+  assert run._aot(nothing, tmp_path, reuse=True) == kept
+  assert run._aot(nothing, tmp_path) is None and not list(tmp_path.glob("aot_*.json"))  # compiled afresh
 
 
 def _program(function: str, seconds: float | None = None, basis: str = "xla", why: str | None = None,

@@ -8,11 +8,13 @@ Each cell is one `python -m rl_lm.aot` command (`configs/pod.py`: 512 rows of 25
 table). Its mesh is the first of `meshes(chips, model)` that fits: the first candidate is compiled with costs at
 once (memory-only first when its weights and optimizer state alone all but fill a chip, `unlikely`); when it does
 not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled with costs. A cell where
-none fits shows the refusal of the candidate that came closest. A cell takes 3-10 minutes on 2 cores. Its summary
-(`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is kept in the repository, so a rerun
-compiles only what is missing (and costs again, on its mesh alone, a cell kept from an earlier way of costing,
-`COSTING`) and `--report` rebuilds the tables from what is there; the compile logs beside it are not kept.
-Writes `pod_scale.md` (the tables and the commands) and `pod_scale.json` in the workdir.
+none fits shows the refusal of the candidate that came closest. A cell takes 10 seconds to 45 minutes on 2 cores
+(the 7B and 8B models on v6e-8 the longest: XLA:TPU takes up to 15 minutes over a program near or past a chip's
+HBM). Its summary (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is kept in the
+repository, so a rerun compiles only what is missing (a cell cut short resumes its search; a cell kept from an
+earlier way of costing, `COSTING`, is costed again on its mesh alone) and `--report` rebuilds the tables from what
+is there; the compile logs beside it are not kept. Writes `pod_scale.md` (the tables and the commands) and
+`pod_scale.json` in the workdir.
 
 The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every mesh of a slice, at ~10x the
 compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
@@ -107,10 +109,15 @@ def shown(cmd: list[str]) -> str:
   return " ".join(["python", *(a for a in cmd[1:] if not a.startswith("--workdir="))])
 
 
-def _aot(cmd: list[str], folder: Path) -> dict[str, Any] | None:
-  """Runs one rl_lm.aot command; its JSON record (with the refusal line, if any), or None when it wrote none."""
+def _aot(cmd: list[str], folder: Path, reuse: bool = False) -> dict[str, Any] | None:
+  """Runs one rl_lm.aot command; its JSON record (with the refusal line, if any), or None when it wrote none. With
+  `reuse`, the record an interrupted run of the table left in `folder` instead, if any (memory-only compiles: the
+  costing does not change them; a cell whose search was cut short resumes where it stopped)."""
   folder.mkdir(parents=True, exist_ok=True)
-  for stale in folder.glob("aot_*.json"):  # an earlier run's record is not this one's
+  found = sorted(folder.glob("aot_*.json"))
+  if reuse and found:
+    return json.loads(found[0].read_text())
+  for stale in found:  # an earlier run's record is not this one's
     stale.unlink()
   with open(folder / "log.txt", "w") as log:
     run = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
@@ -172,7 +179,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
     # The first candidate usually fits: compiled with costs at once, unless its state alone all but fills a chip.
     cost = k == 0 and not unlikely(config, recipe, slice_.chip, mesh)
     cmd = command(model, recipe, topology, mesh, where / ("cost" if cost else "memory"), cost=cost)
-    record = _aot(cmd, where / ("cost" if cost else "memory"))
+    record = _aot(cmd, where / ("cost" if cost else "memory"), reuse=not cost)
     tried.append({"mesh": mesh, "fits": bool(record and record.get("fits")), "refusal": record and record["refusal"]})
     if record and record.get("fits"):
       if not cost:
