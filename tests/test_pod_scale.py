@@ -89,7 +89,7 @@ def _program(function: str, seconds: float | None = None, basis: str = "xla", wh
 
 def _cell(programs: list[dict], fits: bool = True, refusal: str | None = None) -> dict:
   return {"model": "qwen2.5-0.5b", "recipe": "grpo", "topology": "v5e-8", "chips": 8, "mesh": [1, 8, 1],
-          "command": "python -m rl_lm.aot ...",
+          "command": "python -m rl_lm.aot ...", "costing": run.COSTING,
           "record": {"fits": fits, "refusal": refusal, "chip": {"usable_gib": 15.75}, "programs": programs}}
 
 
@@ -101,6 +101,14 @@ def test_a_row_shows_the_estimates_of_a_cell_that_fits():
   assert row[:4] == ["qwen2.5-0.5b", "v5e-8 (8)", "yes", "20.0 / 15.75"]
   assert row[4] == "generate 3.03; prepare 0.5 (roofline); update 1.25"
   assert row[5:] == ["44.4%", "256,000 (1.65x roofline)", "1x8x1"]
+
+
+def test_a_cell_costed_the_earlier_way_is_marked_until_it_is_costed_again(tmp_path: Path):
+  programs = [_program("rl/generate", 3.03), _program("rl/update", 1.25, mfu=0.444)]
+  old = {**_cell(programs), "costing": 1}
+  assert run.row(old)[4] == "generate 3.03; update 1.25; costed the earlier way*"
+  assert "Costed the earlier way" in run.report([old, _cell(programs)], tmp_path)
+  assert "Costed the earlier way" not in run.report([_cell(programs)], tmp_path)
 
 
 def test_a_row_shows_a_flagged_decode_step_by_its_bound_alone():

@@ -235,6 +235,8 @@ def row(c: dict[str, Any]) -> list[str]:
   verdict = "yes" if fits else f"no: {(r.get('refusal') or '').removeprefix('rl_lm.aot: ')[:160]}"
   if not fits:  # the closest mesh's figures are of a program that does not run: not shown
     phases, mfu, dec = [], "-", "-"
+  elif not current(c):  # until `python -m experiments.pod_scale.run` costs it again
+    phases.append("costed the earlier way*")
   return [c["model"], f"{c['topology']} ({c['chips']})", verdict, gib, "; ".join(phases) or "-", mfu, dec, mesh]
 
 
@@ -250,6 +252,9 @@ def report(cells: list[dict[str, Any]], root: Path) -> str:
     out += [f"### {RECIPE_NAMES[recipe]}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     out += ["| " + " | ".join(row(c)) + " |" for c in mine]
     out.append("")
+  if any(not current(c) for c in cells):
+    out += [f"\\* Costed the earlier way (`COSTING` < {COSTING}): prepare's row chunks all in one piece, which counts "
+            "the FSDP weights' all-gathers once where the run makes them once a chunk.", ""]
   out += ["Each cell is one command (the mesh is the one the cell fits with):", "", "```"]
   out += [c["command"] for c in cells]
   out += ["```", ""]
