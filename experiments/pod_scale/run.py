@@ -253,8 +253,8 @@ def report(cells: list[dict[str, Any]], root: Path) -> str:
     out += ["| " + " | ".join(row(c)) + " |" for c in mine]
     out.append("")
   if any(not current(c) for c in cells):
-    out += [f"\\* Costed the earlier way (`COSTING` < {COSTING}): prepare's row chunks all in one piece, which counts "
-            "the FSDP weights' all-gathers once where the run makes them once a chunk.", ""]
+    out += [f"\\* Costed the earlier way (`COSTING` < {COSTING}): prepare's row chunks all in one piece, which",
+            "counts the FSDP weights' all-gathers once where the run makes them once a chunk.", ""]
   out += ["Each cell is one command (the mesh is the one the cell fits with):", "", "```"]
   out += [c["command"] for c in cells]
   out += ["```", ""]
