@@ -139,6 +139,17 @@ def _done(root: Path, model: str, recipe: str, topology: str) -> Path:
   return root / f"{model}__{topology}__{recipe}" / "cell.json"
 
 
+def _mesh_folder(root: Path, model: str, recipe: str, topology: str, mesh: tuple[int, ...]) -> Path:
+  """Where a cell's compiles of one mesh write their records and logs (not kept in the repository)."""
+  return _done(root, model, recipe, topology).parent / f"mesh_{'x'.join(map(str, mesh))}"
+
+
+def _standing(root: Path, model: str, recipe: str, topology: str) -> bool:
+  """Whether the cell is kept and `current`: nothing to compile for it."""
+  done = _done(root, model, recipe, topology)
+  return done.exists() and current(json.loads(done.read_text()))
+
+
 def current(kept: dict[str, Any]) -> bool:
   """Whether a kept cell stands as it is: costed the current way (`COSTING`), or fitting on no mesh (a refusal is
   the memory of the programs as the run calls them, which the costing does not touch)."""
@@ -148,7 +159,7 @@ def current(kept: dict[str, Any]) -> bool:
 def recost(kept: dict[str, Any], root: Path) -> dict[str, Any]:
   """A kept cell costed an earlier way, costed again on the mesh it fits with (its search is not repeated)."""
   mesh = tuple(kept["mesh"])
-  where = _done(root, kept["model"], kept["recipe"], kept["topology"]).parent / f"mesh_{'x'.join(map(str, mesh))}"
+  where = _mesh_folder(root, kept["model"], kept["recipe"], kept["topology"], mesh)
   cmd = command(kept["model"], kept["recipe"], kept["topology"], mesh, where / "cost", cost=True)
   start = time.perf_counter()
   record = _aot(cmd, where / "cost")
@@ -162,7 +173,6 @@ def recost(kept: dict[str, Any], root: Path) -> dict[str, Any]:
 def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   """Compiles one cell (see the module docstring) and returns its summary; cached in <root>/<cell>/cell.json."""
   done = _done(root, model, recipe, topology)
-  folder = done.parent
   if done.exists():
     kept = json.loads(done.read_text())
     if current(kept):
@@ -175,7 +185,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   tried, best = [], None
   start = time.perf_counter()
   for k, mesh in enumerate(meshes(chips, config)):
-    where = folder / f"mesh_{'x'.join(map(str, mesh))}"
+    where = _mesh_folder(root, model, recipe, topology, mesh)
     # The first candidate usually fits: compiled with costs at once, unless its state alone all but fills a chip.
     cost = k == 0 and not unlikely(config, recipe, slice_.chip, mesh)
     cmd = command(model, recipe, topology, mesh, where / ("cost" if cost else "memory"), cost=cost)
@@ -193,7 +203,7 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
       break
   out = {"model": model, "recipe": recipe, "topology": topology, "chips": chips, "tried": tried,
          "seconds": time.perf_counter() - start, "costing": COSTING, **best}
-  folder.mkdir(parents=True, exist_ok=True)
+  done.parent.mkdir(parents=True, exist_ok=True)
   done.write_text(json.dumps(out, indent=1))
   return out
 
@@ -277,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
   # Recipe by recipe, slice by slice: an interrupted run leaves whole rows of the first tables.
   grid = [(m, r, t) for r in args.recipes.split(",") for t in args.topologies.split(",") for m in args.only.split(",")]
   cells, start = [], time.perf_counter()
-  todo = [g for g in grid if not _done(root, *g).exists() or not current(json.loads(_done(root, *g).read_text()))]
+  todo = [g for g in grid if not _standing(root, *g)]
   compiled = 0
   for i, (model, recipe, topology) in enumerate(grid):
     done = _done(root, model, recipe, topology)
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
       if done.exists():
         cells.append(json.loads(done.read_text()))
       continue
-    cached = done.exists() and current(json.loads(done.read_text()))
+    cached = _standing(root, model, recipe, topology)
     c = cell(model, recipe, topology, root)
     cells.append(c)
     if cached:
