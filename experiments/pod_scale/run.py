@@ -6,7 +6,7 @@
 
 Each cell is one `python -m rl_lm.aot` command (`configs/pod.py`: 512 rows of 256 + 768 tokens; printed with the
 table). Its mesh is the first of `meshes(chips, model)` that fits: the first candidate is compiled with costs at
-once (memory-only first when its weights and optimizer state alone all but fill a chip, `unlikely`); when it does
+once (memory-only first when its weights and optimizer state alone take 30% of a chip, `unlikely`); when it does
 not fit, the others are tried memory-only (`--nocost`) and the first that fits is compiled with costs. A cell where
 none fits shows the refusal of the candidate that came closest. A cell takes 10 seconds to 45 minutes on 2 cores
 (the 7B and 8B models on v6e-8 the longest: XLA:TPU takes up to 15 minutes over a program near or past a chip's
@@ -75,13 +75,16 @@ STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
 # The way cost pieces are built (rl_lm/aot): 2 since prepare's row chunks are costed a few at a time
 # (`stages.prepare_piece`), not all unrolled in one piece. A kept cell of an earlier way is costed again (`recost`).
 COSTING = 2
-UNLIKELY = 0.6  # of a chip's usable HBM: past it, activations, rollouts and the cache rarely fit in the rest
+# Of a chip's usable HBM: past it, the activations, rollouts and cache rarely fit in the rest. The cells kept so far
+# split at 0.3: Qwen2.5-7B GRPO on v5p-8 over tensor 4 (0.297) fits, Llama-3.1-8B (0.313) does not, nor Qwen2.5-7B
+# PPO on v5p-64 over tensor 4 (0.59); every valid first mesh under 0.3 fits.
+UNLIKELY = 0.3
 
 
 def unlikely(model: ModelConfig, recipe: str, chip: chips_lib.Chip, mesh: tuple[int, int, int]) -> bool:
   """True when the weights and optimizer state alone, over the mesh's fsdp x tensor chips, take more than
-  `UNLIKELY` of a chip's usable HBM: such a first candidate is compiled memory-only first (a quarter of the time of
-  a compile with costs), not with costs at once. Only the order of the compiles depends on it, not the cell."""
+  `UNLIKELY` of a chip's usable HBM: such a first candidate is compiled memory-only first (about a third of the
+  time of a compile with costs), not with costs at once. Only the order of the compiles depends on it, not the cell."""
   return STATE_BYTES[recipe] * model.num_params() / (mesh[1] * mesh[2]) > UNLIKELY * chip.usable_bytes
 
 
