@@ -27,8 +27,8 @@ def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_f
   assert not run.unlikely(presets.get("llama-3.1-8b"), "lora", v5e, (1, 1, 8))
   # Data parallelism does not share the state: every chip holds all of Qwen2.5-1.5B's, 25 GB.
   assert run.unlikely(presets.get("qwen2.5-1.5b"), "grpo", v5e, (8, 1, 1))
-  # Either side of the line, on v5p-8 over tensor 4 (95.74 GiB usable): Qwen2.5-7B GRPO, 0.297 of a chip, fitted;
-  # Llama-3.1-8B GRPO, 0.313, did not.
+  # Either side of the line, on v5p-8 over tensor 4 (95.74 GiB usable): Qwen2.5-7B GRPO, 0.297 of a chip, and
+  # Llama-3.1-8B GRPO, 0.313.
   v5p = chips.resolve("v5p-8").chip
   assert not run.unlikely(presets.get("qwen2.5-7b"), "grpo", v5p, (1, 1, 4))
   assert run.unlikely(presets.get("llama-3.1-8b"), "grpo", v5p, (1, 1, 4))

@@ -75,9 +75,11 @@ STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
 # The way cost pieces are built (rl_lm/aot): 2 since prepare's row chunks are costed a few at a time
 # (`stages.prepare_piece`), not all unrolled in one piece. A kept cell of an earlier way is costed again (`recost`).
 COSTING = 2
-# Of a chip's usable HBM: past it, the activations, rollouts and cache rarely fit in the rest. The cells kept so far
-# split at 0.3: Qwen2.5-7B GRPO on v5p-8 over tensor 4 (0.297) fits, Llama-3.1-8B (0.313) does not, nor Qwen2.5-7B
-# PPO on v5p-64 over tensor 4 (0.59); every valid first mesh under 0.3 fits.
+# Of a chip's usable HBM: past it, the activations, rollouts and cache often do not fit in the rest. Every valid first
+# mesh kept under 0.3 fits; near it, either way (on tensor 4 of v5p-8, Qwen2.5-7B GRPO at 0.297 fits and
+# Llama-3.1-8B at 0.313 does not; Llama-3.1-8B PPO on v5p-64 at 0.312 fits); Qwen2.5-7B PPO on v5p-64 at 0.59 does
+# not. Memory-only first costs a third of a compile with costs on a mesh that fits and saves two thirds on one that
+# does not: worth it from about even odds.
 UNLIKELY = 0.3
 
 
