@@ -203,6 +203,28 @@ def test_gpu_roofline_puts_collectives_across_hosts_on_the_network():
   assert report.roofline_seconds(cost, two_hosts) == pytest.approx(1e-3)
 
 
+def test_a_refusal_suggests_fsdp_only_where_it_spreads_the_weights_further():
+  """`mesh.fsdp=-1` takes the chips tensor parallelism leaves: with the weights already over every chip by
+  tensor parallelism (Qwen2.5-32B with LoRA over tensor 8 on v5e-8) it would change nothing."""
+  from types import SimpleNamespace
+
+  from rl_lm.aot import report
+
+  config = ml_collections.ConfigDict({
+      "model": {"remat": False, "logit_chunk": 128, "dtype": "float32", "lora": {"rank": 16}},
+      "sampling": {"cache_dtype": "bfloat16"}, "rl": {"sampler_dtype": "bfloat16", "grad_accum": 2}})
+  row = SimpleNamespace(result=SimpleNamespace(program=SimpleNamespace(name="generate", stage="rl")), needed=None)
+  v5e = chips.resolve("v5e-8")
+
+  def last(mesh):
+    return report.knobs(row, config, v5e, mesh)[-1]
+
+  assert last({"data": 1, "fsdp": 1, "tensor": 8}) == "another mesh shape (--search)"
+  assert last({"data": 1, "fsdp": 8, "tensor": 1}) == "another mesh shape (--search)"
+  assert last({"data": 2, "fsdp": 1, "tensor": 4}) == "mesh.fsdp=-1 (the weights over every chip)"
+  assert last({"data": 8, "fsdp": 1, "tensor": 1}) == "mesh.fsdp=-1 (the weights over every chip)"
+
+
 def test_analytic_count_by_hand():
   cfg = presets.get("test")  # V 128, D 64, L 2, H 4, K 2, Dh 16, F 128, tied
   layer = 64 * 16 * (4 + 2 * 2) + 4 * 16 * 64 + 3 * 64 * 128

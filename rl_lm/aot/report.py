@@ -177,7 +177,9 @@ def knobs(row: Row, config: Any, topology: Topology, mesh_shape: dict[str, int])
   if topology.gpu and row.needed is not None and row.needed <= 0.9 * chip.hbm_gib * GIB:
     out.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 ({0.9 * chip.hbm_gib:.1f} GiB)")
   out.append("more GPUs" if topology.gpu else "more chips")
-  out.append("mesh.fsdp=-1 (the weights over every chip)" if mesh_shape.get("fsdp", 1) < topology.chips
+  # fsdp=-1 takes the chips tensor parallelism leaves: it spreads the weights further only where some are left.
+  spread = mesh_shape.get("fsdp", 1) * mesh_shape.get("tensor", 1)
+  out.append("mesh.fsdp=-1 (the weights over every chip)" if spread < topology.chips
              else "another mesh shape (--search)")
   return out
 
