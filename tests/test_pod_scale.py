@@ -19,7 +19,7 @@ def test_the_mesh_rule():
   assert run.meshes(4, presets.get("qwen2.5-1.5b")) == [(1, 4, 1), (2, 1, 2)]  # 2 KV heads: tensor over 2
 
 
-def test_a_first_mesh_whose_state_all_but_fills_a_chip_is_compiled_memory_only_first(tmp_path: Path, monkeypatch):
+def test_a_first_mesh_whose_state_takes_30_percent_of_a_chip_is_compiled_memory_only_first(tmp_path: Path, monkeypatch):
   v5e = chips.resolve("v5e-8").chip  # 15.75 GiB usable
   # Qwen2.5-32B, GRPO over tensor 8: 16 bytes x 32.8B parameters / 8 chips = 66 GB a chip.
   assert run.unlikely(presets.get("qwen2.5-32b"), "grpo", v5e, (1, 1, 8))
