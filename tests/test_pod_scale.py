@@ -75,6 +75,37 @@ def test_a_cell_kept_from_an_earlier_costing_is_costed_again_on_its_mesh_alone(t
   assert calls == []  # both stand as kept now
 
 
+def test_a_ppo_cell_kept_from_before_the_chunked_reward_scoring_is_searched_again(tmp_path: Path, monkeypatch):
+  calls = []
+
+  def aot(cmd: list[str], folder: Path, reuse: bool = False) -> dict:
+    calls.append(([a for a in cmd if a.startswith("--config.mesh")], list(folder.parent.parent.glob("mesh_*"))))
+    return {"fits": True, "refusal": None, "programs": [], "new": True}
+
+  monkeypatch.setattr(run, "_aot", aot)
+  base = {"topology": "v5p-8", "chips": 4, "seconds": 90.0, "tried": [], "mesh": [1, 4, 1], "costing": 2,
+          "command": "python -m rl_lm.aot ..."}
+  ppo = {**base, "model": "qwen2.5-1.5b", "recipe": "ppo", "record": {"fits": False, "programs": []}}
+  grpo = {**base, "model": "qwen2.5-1.5b", "recipe": "grpo", "record": {"fits": True, "programs": []}}
+  for kept in (ppo, grpo):
+    path = run._done(tmp_path, kept["model"], kept["recipe"], kept["topology"])
+    (path.parent / "mesh_1x4x1" / "memory").mkdir(parents=True)  # an old record of the search
+    path.write_text(json.dumps(kept))
+  # The reward scoring's memory changed for PPO only: a refusal of PPO too is stale, GRPO's cell stands.
+  assert run.stale(ppo) == "memory" and run.stale({**ppo, "record": {"fits": True}}) == "memory"
+  assert run.stale(grpo) is None and run.stale({**grpo, "costing": 1}) == "cost"
+  assert run.stale({**grpo, "costing": 1, "record": {"fits": False}}) is None
+  c = run.cell("qwen2.5-1.5b", "ppo", "v5p-8", tmp_path)
+  # A search from the first mesh of the rule, none of the old records left to reuse.
+  assert calls[0] == (["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=1"], [])
+  assert c["record"]["new"] and c["costing"] == run.COSTING and run.current(c)
+  calls.clear()
+  run.cell("qwen2.5-1.5b", "grpo", "v5p-8", tmp_path)
+  assert calls == []
+  row = run.row({**ppo, "record": {"fits": False, "refusal": "rl_lm.aot: does not fit: ...", "programs": []}})
+  assert row[4] == "compiled before the rollout's reward was scored in row chunks†"
+
+
 def test_a_memory_only_record_left_by_an_interrupted_table_is_reused_a_costed_one_is_not(tmp_path: Path):
   import sys
 

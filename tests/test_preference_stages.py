@@ -65,6 +65,19 @@ def test_reward_model_loss_is_bradley_terry_on_last_token_scores(tmp_path):
   np.testing.assert_allclose(rc_padded, rc, atol=1e-5)
 
 
+def test_a_rollout_scored_in_row_chunks_gets_each_rows_own_reward(tmp_path):
+  ctx = _ctx(tmp_path)
+  params = heads.init(ctx.model_cfg, jax.random.key(0), backbone=ctx.policy)
+  params["head"]["w"] = jax.random.normal(jax.random.key(1), params["head"]["w"].shape) * 0.5
+  _, data = _data(ctx, 8)
+  tokens, mask = jnp.asarray(data["chosen_tokens"]), jnp.asarray(data["chosen_mask"])  # [8, T]
+  whole = np.asarray(heads.last_token_score(ctx.model_cfg, params, tokens, mask))  # [8]
+  assert np.ptp(whole) > 1e-3  # the rows' rewards differ: a row given another's would show
+  for chunks in (1, 2, 4):  # chunk i holds rows i, i + c, ...: each put back in its place
+    got = np.asarray(reward_model.score_fn(ctx.model_cfg, chunks)(params, tokens, mask))
+    np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-6)
+
+
 def test_dpo_starts_at_log2_and_training_separates_the_pairs(tmp_path):
   ctx = _ctx(tmp_path)
   cfg = ctx.config.dpo

@@ -12,9 +12,9 @@ none fits shows the refusal of the candidate that came closest. A cell takes 10 
 (the 7B and 8B models on v6e-8 the longest: XLA:TPU takes up to 15 minutes over a program near or past a chip's
 HBM). Its summary (`<cell>/cell.json`, the whole `rl_lm.aot` record of the mesh chosen inside) is kept in the
 repository, so a rerun compiles only what is missing (a cell cut short resumes its search; a cell kept from an
-earlier way of costing, `COSTING`, is costed again on its mesh alone) and `--report` rebuilds the tables from what
-is there; the compile logs beside it are not kept. Writes `pod_scale.md` (the tables and the commands) and
-`pod_scale.json` in the workdir.
+earlier way, `COSTING`, is costed again on its mesh alone, or searched again where the way changed its programs'
+memory: `stale`) and `--report` rebuilds the tables from what is there; the compile logs beside it are not kept.
+Writes `pod_scale.md` (the tables and the commands) and `pod_scale.json` in the workdir.
 
 The mesh is a rule, not a search (`python -m rl_lm.aot ... --search` ranks every mesh of a slice, at ~10x the
 compile time): for a model of 3B parameters or more, tensor parallelism over the 8 chips of a host for the
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -72,9 +73,12 @@ def meshes(chips: int, model: ModelConfig) -> list[tuple[int, int, int]]:
 # GRPO the policy, its optimizer state and the reference; LoRA the frozen base alone (the adapters are small); PPO
 # adds the value model with its optimizer state and the reward model.
 STATE_BYTES = {"grpo": 4 + 8 + 4, "lora": 4, "ppo": 4 + 8 + 4 + 4 + 8 + 4}
-# The way cost pieces are built (rl_lm/aot): 2 since prepare's row chunks are costed a few at a time
-# (`stages.prepare_piece`), not all unrolled in one piece. A kept cell of an earlier way is costed again (`recost`).
-COSTING = 2
+# The way the cells' programs are built (rl_lm/aot), and what each way changed, for which recipes. 2: prepare's row
+# chunks are costed a few at a time (`stages.prepare_piece`), not all unrolled in one piece: the costs only, so a
+# kept cell that fits is costed again on its mesh (`recost`). 3: a learned reward scores the rollout in prepare's
+# row chunks, not all its rows at once: the memory, so a kept cell is searched again, a refusal too (`stale`).
+COSTING = 3
+CHANGES = {2: ("cost", ("grpo", "lora", "ppo")), 3: ("memory", ("ppo",))}
 # Of a chip's usable HBM: past it, the activations, rollouts and cache often do not fit in the rest. Every valid first
 # mesh kept under 0.3 fits; near it, either way (on tensor 4 of v5p-8, Qwen2.5-7B GRPO at 0.297 fits and
 # Llama-3.1-8B at 0.313 does not; Llama-3.1-8B PPO on v5p-64 at 0.312 fits); Qwen2.5-7B PPO on v5p-64 at 0.59 does
@@ -155,10 +159,20 @@ def _standing(root: Path, model: str, recipe: str, topology: str) -> bool:
   return done.exists() and current(json.loads(done.read_text()))
 
 
+def stale(kept: dict[str, Any]) -> str | None:
+  """What a kept cell of an earlier way (`COSTING`, `CHANGES`) needs: "memory" (its recipe's programs changed what
+  they hold: searched again, a refusal too), "cost" (fitting, costed again on its mesh; a refusal is the memory of
+  the programs, which the costing does not touch), or None (it stands)."""
+  way = kept.get("costing", 1)
+  needs = {what for w, (what, recipes) in CHANGES.items() if w > way and kept["recipe"] in recipes}
+  if "memory" in needs:
+    return "memory"
+  return "cost" if "cost" in needs and (kept.get("record") or {}).get("fits") else None
+
+
 def current(kept: dict[str, Any]) -> bool:
-  """Whether a kept cell stands as it is: costed the current way (`COSTING`), or fitting on no mesh (a refusal is
-  the memory of the programs as the run calls them, which the costing does not touch)."""
-  return kept.get("costing", 1) == COSTING or not (kept.get("record") or {}).get("fits")
+  """Whether a kept cell stands as it is (`stale`)."""
+  return stale(kept) is None
 
 
 def recost(kept: dict[str, Any], root: Path) -> dict[str, Any]:
@@ -180,11 +194,15 @@ def cell(model: str, recipe: str, topology: str, root: Path) -> dict[str, Any]:
   done = _done(root, model, recipe, topology)
   if done.exists():
     kept = json.loads(done.read_text())
-    if current(kept):
+    need = stale(kept)
+    if need is None:
       return kept
-    out = recost(kept, root)
-    done.write_text(json.dumps(out, indent=1))
-    return out
+    if need == "cost":
+      out = recost(kept, root)
+      done.write_text(json.dumps(out, indent=1))
+      return out
+    for old in done.parent.glob("mesh_*"):  # their records hold the programs as they were: none is reused
+      shutil.rmtree(old)
   slice_ = chips_lib.resolve(topology)
   chips, config = slice_.chips, presets.get(model)
   tried, best = [], None
@@ -250,7 +268,10 @@ def row(c: dict[str, Any]) -> list[str]:
   verdict = "yes" if fits else f"no: {(r.get('refusal') or '').removeprefix('rl_lm.aot: ')[:160]}"
   if not fits:  # the closest mesh's figures are of a program that does not run: not shown
     phases, mfu, dec = [], "-", "-"
-  elif not current(c):  # until `python -m experiments.pod_scale.run` costs it again
+  need = stale(c)  # until `python -m experiments.pod_scale.run` compiles it again
+  if need == "memory":
+    phases.append("compiled before the rollout's reward was scored in row chunks†")
+  elif need == "cost":
     phases.append("costed the earlier way*")
   return [c["model"], f"{c['topology']} ({c['chips']})", verdict, gib, "; ".join(phases) or "-", mfu, dec, mesh]
 
@@ -267,9 +288,12 @@ def report(cells: list[dict[str, Any]], root: Path) -> str:
     out += [f"### {RECIPE_NAMES[recipe]}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     out += ["| " + " | ".join(row(c)) + " |" for c in mine]
     out.append("")
-  if any(not current(c) for c in cells):
-    out += [f"\\* Costed the earlier way (`COSTING` < {COSTING}): prepare's row chunks all in one piece, which",
-            "counts the FSDP weights' all-gathers once where the run makes them once a chunk.", ""]
+  if any(stale(c) == "cost" for c in cells):
+    out += ["\\* Costed the earlier way (`COSTING` < 2): prepare's row chunks all in one piece, which counts the",
+            "FSDP weights' all-gathers once where the run makes them once a chunk.", ""]
+  if any(stale(c) == "memory" for c in cells):
+    out += ["† Compiled the earlier way (`COSTING` < 3): the learned reward scored all the rollout's rows at once,",
+            "where the run now scores them in prepare's row chunks; its memory (and the verdict) as it was then.", ""]
   out += ["Each cell is one command (the mesh is the one the cell fits with):", "", "```"]
   out += [c["command"] for c in cells]
   out += ["```", ""]

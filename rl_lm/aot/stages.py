@@ -119,10 +119,10 @@ def _count(n: float) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
 
 
-def _score_fn(model: ModelConfig) -> Any:
-  """`reward_model.score_fn`, jitted afresh: that one caches its jit per model, and a cost piece must be traced anew
-  (its loops unrolled), never taken from a trace made for the run's program."""
-  return jax.jit(lambda p, t, m: heads.last_token_score(model, p, t, m))
+def _score_fn(model: ModelConfig, chunks: int = 1) -> Any:
+  """`reward_model.score_fn`, jitted afresh (`make_score_fn`): that one caches its jit per model, and a cost piece
+  must be traced anew (its loops unrolled), never taken from a trace made for the run's program."""
+  return reward_model.make_score_fn(model, chunks)
 
 
 def _train_batch(a: Abstract, rows: int, length: int, ppo: bool, teacher: ModelConfig | None = None
@@ -299,13 +299,16 @@ def rl_stage(a: Abstract, cost: bool = True) -> Stage:
     rm = mesh_lib.abstract_init(lambda r: heads.init(a.model, r), heads.param_axes(a.model), a.mesh, a.rules)
     resident["reward_model"] = per_chip_bytes(rm)
 
-    def score_call(model: ModelConfig) -> Call:
+    def rollout_score_call(model: ModelConfig, rows: int = B, rl_cfg: Any = rl) -> Call:
+      """`RolloutSource.score` with a learned reward: the rows in prepare's chunks, as prepare scores them."""
       p = mesh_lib.abstract_init(lambda r: heads.init(model, r), heads.param_axes(model), a.mesh, a.rules)
-      return Call(_score_fn(model), (p, batch_sds(a, (B, T), jnp.int32), batch_sds(a, (B, T), bool)))
+      return Call(_score_fn(model, rl_cfg.prepare_chunks), (p, batch_sds(a, (rows, T), jnp.int32),
+                                                            batch_sds(a, (rows, T), bool)))
 
     fwd = flops.total(flops.scored(a.model, B, T, head=False))
-    out.append(Program("rl", "reward_score", score_call(a.model), [Term(1, "rl/reward_score", score_call)]
-                       if cost else [], fwd, fwd, frozenset({"reward_model", "rollout"}), B * T, per_step=True))
+    out.append(Program("rl", "reward_score", rollout_score_call(a.model),
+                       [chunk_term("rl/reward_score", rollout_score_call)] if cost else [], fwd, fwd,
+                       frozenset({"reward_model", "rollout"}), B * T, per_step=True))
   return Stage("rl", resident, out)
 
 

@@ -25,7 +25,7 @@ from rl_lm import plots, sampling
 from rl_lm.checkpoint import restore_item
 from rl_lm.models import heads
 from rl_lm.rl import preference
-from rl_lm.train import loop, stage_run
+from rl_lm.train import loop, rl_update, stage_run
 from rl_lm.train import pairs as pairs_lib
 from rl_lm.train import state as state_lib
 from rl_lm.train.context import Context
@@ -77,11 +77,19 @@ def score(ctx: Context, params: Any, tokens: np.ndarray, mask: np.ndarray, batch
 _SCORE_FNS: dict[Any, Any] = {}
 
 
-def score_fn(model_cfg: Any) -> Any:
-  """jit(params, tokens [B, T], mask [B, T]) -> the reward of each row [B] (one compile per model shape)."""
-  if model_cfg not in _SCORE_FNS:
-    _SCORE_FNS[model_cfg] = jax.jit(lambda p, t, m: heads.last_token_score(model_cfg, p, t, m))
-  return _SCORE_FNS[model_cfg]
+def make_score_fn(model_cfg: Any, chunks: int = 1) -> Any:
+  """jit(params, tokens [B, T], mask [B, T]) -> the reward of each row [B], the rows scored in `chunks` chunks one
+  after another (`rl_update.row_chunks`: peak activations / chunks; B must divide by it). A fresh jit each call."""
+  def fn(params: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    return rl_update.row_chunks(lambda t, m: heads.last_token_score(model_cfg, params, t, m), chunks, tokens, mask)
+  return jax.jit(fn)
+
+
+def score_fn(model_cfg: Any, chunks: int = 1) -> Any:
+  """`make_score_fn`, one compile per model shape and chunk count."""
+  if (model_cfg, chunks) not in _SCORE_FNS:
+    _SCORE_FNS[model_cfg, chunks] = make_score_fn(model_cfg, chunks)
+  return _SCORE_FNS[model_cfg, chunks]
 
 
 def evaluate(ctx: Context, params: Any, eval_pairs: list, data: dict[str, np.ndarray], batch_size: int,

@@ -23,6 +23,7 @@ Where a part plugs in: a task (rl_lm/tasks, `TASKS`), a reward (rl_lm/rewards, `
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -182,8 +183,10 @@ class RolloutSource:
       if self.learned is not None:  # train on the proxy; the configured rewards are the gold, measured beside it
         gold = np.where(valid, scores, np.nan).astype(np.float32)
         rollout = batch.device
-        proxy = reward_model.score_fn(self.ctx.model_cfg)(self.learned.params, rollout.tokens,
-                                                         rollout.prompt_mask | rollout.completion_mask)  # on device
+        # On device, in prepare's row chunks: the whole batch's activations at once can outgrow the update's.
+        chunks = math.gcd(rollout.tokens.shape[0], self.rl.prepare_chunks)
+        proxy = reward_model.score_fn(self.ctx.model_cfg, chunks)(self.learned.params, rollout.tokens,
+                                                                 rollout.prompt_mask | rollout.completion_mask)
         scores = (mesh_lib.fetch(proxy) - self.learned.offset).astype(np.float32)
         valid = np.ones_like(valid)
       elif self.gold is not None:  # train on the configured rewards (a judge's); the gold measured beside them
