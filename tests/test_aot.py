@@ -225,6 +225,35 @@ def test_a_refusal_suggests_fsdp_only_where_it_spreads_the_weights_further():
   assert last({"data": 8, "fsdp": 1, "tensor": 1}) == "mesh.fsdp=-1 (the weights over every chip)"
 
 
+def test_a_refusal_names_the_program_that_needs_the_most():
+  """Of the programs that do not fit, the line names the largest (how far the run is from fitting, with that
+  program's knobs), not the first compiled; a program that does not compile comes before any that does not fit."""
+  from types import SimpleNamespace
+
+  from rl_lm.aot import report
+
+  config = ml_collections.ConfigDict({
+      "model": {"remat": True, "logit_chunk": 128, "dtype": "bfloat16", "lora": {"rank": 0}},
+      "sampling": {"cache_dtype": "bfloat16"}, "rl": {"sampler_dtype": "bfloat16", "grad_accum": 2},
+      "reward_model": {"batch_size": 64}})
+
+  def row(stage, name, gib, fits=False, error=""):
+    program = SimpleNamespace(stage=stage, name=name, label=f"{stage}/{name}")
+    return SimpleNamespace(result=SimpleNamespace(program=program, compiled=SimpleNamespace(error=error)),
+                           needed=gib * 2**30, fits=fits, label=program.label)
+
+  v6e, mesh = chips.resolve("v6e-8"), {"data": 1, "fsdp": 8, "tensor": 1}
+  rows = [row("reward_model", "update", 35.0), row("rl", "generate", 38.3), row("rl", "update", 69.1),
+          row("rl", "prepare", 12.0, fits=True)]
+  assert report.refusal(rows, config, v6e, mesh) == (
+    "rl_lm.aot: does not fit: rl/update needs 69.1 GiB per chip of 31.25 GiB (v6e): try rl.grad_accum=4 "
+    "(or rl.minibatches), model.lora.rank=16, more chips, another mesh shape (--search) (and 2 more)")
+  rows.append(row("rl", "eval", 0.0, fits=None, error="INTERNAL: no layout"))
+  assert report.refusal(rows, config, v6e, mesh) == (
+    "rl_lm.aot: does not compile: rl/eval: INTERNAL: no layout (and 3 more)")
+  assert report.refusal(rows[3:4], config, v6e, mesh) is None
+
+
 def test_analytic_count_by_hand():
   cfg = presets.get("test")  # V 128, D 64, L 2, H 4, K 2, Dh 16, F 128, tied
   layer = 64 * 16 * (4 + 2 * 2) + 4 * 16 * 64 + 3 * 64 * 128

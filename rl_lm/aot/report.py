@@ -185,11 +185,14 @@ def knobs(row: Row, config: Any, topology: Topology, mesh_shape: dict[str, int])
 
 
 def refusal(all_rows: list[Row], config: Any, topology: Topology, mesh_shape: dict[str, int]) -> str | None:
-  """The one line `python -m rl_lm.aot` exits 2 with, or None when every program compiles and fits."""
+  """The one line `python -m rl_lm.aot` exits 2 with, or None when every program compiles and fits. It names a
+  program that does not compile, if any, else the one that needs the most memory: how far the run is from fitting,
+  and the knobs for that program."""
   bad = [r for r in all_rows if r.result.compiled is not None and (r.fits is False or r.fits is None)]
   if not bad:
     return None
-  row = bad[0]
+  broken = [r for r in bad if r.fits is None]
+  row = broken[0] if broken else max(bad, key=lambda r: r.needed)
   more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
   c = row.result.compiled
   if row.fits is None:
